@@ -1,0 +1,72 @@
+# The verbs of the XPU GEMM fakes patch tool. `make help` lists them.
+#
+# The tool (scripts/xpufakes) needs only Python >= 3.11. The tests need torch
+# and pytest; `make test` installs them into .venv itself.
+
+PYTHON ?= python3
+VENV ?= .venv
+VENV_PYTHON = $(VENV)/bin/python
+TOOL = PYTHONPATH="$(CURDIR)/scripts" $(PYTHON) -m xpufakes
+TEST_TOOL = PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes
+PYTEST = $(VENV_PYTHON) -m pytest
+# extra pytest arguments, e.g. make test ARGS="-k apply -x"
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help apply check revert status fetch fetch-all pins refresh test \
+	test-all test-tree venv lint need-vllm need-pin
+
+help:  ## list the verbs
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+need-vllm:
+	@test -n "$(VLLM)" || { echo "error: give the vLLM tree: VLLM=path" >&2; exit 2; }
+
+need-pin:
+	@test -n "$(PIN)" || { echo "error: give the release: PIN=<version>" >&2; exit 2; }
+
+apply: need-vllm  ## apply the release's series to a vLLM tree (VLLM=path)
+	@$(TOOL) apply "$(VLLM)"
+
+check: need-vllm  ## say what apply would do, change nothing (VLLM=path)
+	@$(TOOL) check "$(VLLM)"
+
+revert: need-vllm  ## restore the pristine release (VLLM=path)
+	@$(TOOL) revert "$(VLLM)"
+
+status: need-vllm  ## release, series, applied patches, file states (VLLM=path)
+	@$(TOOL) status "$(VLLM)"
+
+fetch: need-pin  ## download, verify and unpack a pinned release (PIN=version)
+	@$(TOOL) fetch "$(PIN)"
+
+fetch-all:  ## fetch every pinned release
+	@$(TOOL) fetch --all
+
+pins:  ## list the supported releases and their series
+	@$(TOOL) pins
+
+refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
+	@$(TOOL) refresh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-test.txt
+	@test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
+	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check \
+		-r requirements-test.txt
+	@touch $@
+
+test: venv  ## run the tests (one release per series; installs what they need)
+	$(PYTEST) tests $(ARGS)
+
+test-all: venv  ## run the tests on every pinned release
+	$(PYTEST) tests --all-releases $(ARGS)
+
+test-tree: need-vllm  ## run the fakes' tests inside a patched vLLM tree (VLLM=path)
+	@$(TOOL) test-tree "$(VLLM)" $(ARGS)
+
+lint: venv  ## ruff on the tool, the tests and the overlay
+	$(VENV)/bin/ruff check scripts tests vllm_overlay
+	$(VENV)/bin/ruff format --check scripts tests vllm_overlay

@@ -1,0 +1,1 @@
+"""The patch tool of the XPU GEMM fakes project (`python -m xpufakes`)."""

@@ -1,0 +1,177 @@
+"""Command line: python -m xpufakes <verb> ... (the Makefile's verbs call it)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import engine, fetch, pins, series, transaction, tree
+from .errors import INTERRUPTED, OK, USAGE, Refusal
+
+
+def _plan(path: str) -> tuple[engine.Plan, str]:
+    found = tree.locate(path)
+    version, source = tree.detect_version(found)
+    pin = pins.load().get(version)
+    plan = engine.Plan(found, pin, series.load(pin.series), overlay_root=None)
+    where = f"vLLM {version} ({source}), {found.shape} at {found.root}"
+    return plan, where
+
+
+def _describe(plan: engine.Plan, patch: series.Patch) -> str:
+    parts = list(patch.targets)
+    added = plan.overlay_paths(patch)
+    if added:
+        parts.append("new: " + ", ".join(added))
+    return "; ".join(parts)
+
+
+def cmd_apply(args) -> int:
+    plan, where = _plan(args.vllm)
+    print(f"{where} -> series {plan.series.name}")
+    state = engine.inspect(plan)
+    engine.refuse_if_modified(plan, state)
+    summary = state.summary
+    if summary == engine.PATCHED:
+        print("already applied; nothing changed")
+        return OK
+    if summary != engine.PRISTINE:
+        raise Refusal(_partial_message(state))
+    changes = engine.changes_to_apply(plan, state)  # the dry run
+    if args.dry_run:
+        for patch in plan.series.patches:
+            print(f"  {patch.name}: would apply cleanly ({_describe(plan, patch)})")
+        print(f"would apply {len(plan.series.patches)} patch(es); nothing changed")
+        return OK
+    _commit(changes, plan)
+    for patch in plan.series.patches:
+        print(f"  {patch.name}: applied ({_describe(plan, patch)})")
+    added = sum(1 for c in changes if c.mode is not None)
+    print(
+        f"applied {len(plan.series.patches)} patch(es): "
+        f"{len(changes) - added} file(s) changed, {added} added"
+    )
+    return OK
+
+
+def _commit(changes: list[transaction.Change], plan: engine.Plan) -> None:
+    transaction.writable_or_refuse(changes, plan.tree.root)
+    try:
+        transaction.commit(changes)
+    except OSError as e:
+        raise Refusal(f"{e}; every file was put back as it was") from None
+
+
+def _partial_message(state: engine.TreeState) -> str:
+    parts = []
+    for name, applied in state.applied.items():
+        word = {True: "applied", False: "not applied", None: "partly applied"}[applied]
+        parts.append(f"{name} {word}")
+    return (
+        "tree is partially patched (" + ", ".join(parts) + "); "
+        "run `make revert` to restore the pristine release first; nothing changed"
+    )
+
+
+def cmd_revert(args) -> int:
+    plan, where = _plan(args.vllm)
+    print(f"{where} -> series {plan.series.name}")
+    state = engine.inspect(plan)
+    engine.refuse_if_modified(plan, state)
+    changes = engine.changes_to_revert(plan, state)
+    if not changes:
+        print("not applied; nothing changed")
+        return OK
+    _commit(changes, plan)
+    for change in changes:
+        rel = change.path.relative_to(plan.tree.root)
+        print(f"  {rel}: {'removed' if change.data is None else 'restored'}")
+    print(f"reverted: the tree is the pristine vLLM {plan.pin.version} again")
+    return OK
+
+
+def cmd_status(args) -> int:
+    plan, where = _plan(args.vllm)
+    state = engine.inspect(plan)
+    print(where)
+    print(f"series {plan.series.name} ({len(plan.series.patches)} patch(es))")
+    for name, applied in state.applied.items():
+        word = {True: "applied", False: "not applied", None: "partly applied"}[applied]
+        print(f"  {name}: {word}")
+    for f in state.files:
+        extra = f" ({f.stage} of {f.stages} diffs)" if f.status == engine.PARTIAL else ""
+        print(f"  {f.path}: {f.status}{extra}")
+    for o in state.overlay:
+        print(f"  {o.path}: {o.status}")
+    print(f"state: {state.summary}")
+    return OK
+
+
+def cmd_fetch(args) -> int:
+    all_pins = pins.load()
+    versions = list(all_pins.releases) if args.all else args.versions
+    if not versions:
+        raise Refusal("no release given (PIN=<release>)", status=USAGE)
+    for version in versions:
+        path = fetch.fetch(all_pins.get(version))
+        print(f"vLLM {version}: {path}")
+    return OK
+
+
+def cmd_pins(args) -> int:
+    all_pins = pins.load()
+    for pin in all_pins.releases.values():
+        print(f"{pin.version}\t{pin.series}\t{pin.kernels}")
+    return OK
+
+
+def cmd_refresh(args) -> int:
+    from . import authoring
+
+    for variant in authoring.refresh():
+        print(f"{variant.series}: {', '.join(variant.releases)}")
+    return OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xpufakes", description=__doc__)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    for name, func, helptext in (
+        ("apply", cmd_apply, "apply the release's series to a vLLM tree"),
+        ("check", cmd_apply, "say what apply would do; change nothing"),
+        ("revert", cmd_revert, "restore the pristine release"),
+        ("status", cmd_status, "release, series, and what is applied"),
+    ):
+        sub = verbs.add_parser(name, help=helptext)
+        sub.add_argument("vllm", metavar="VLLM", help="path to the vLLM tree")
+        sub.set_defaults(func=func, dry_run=name == "check")
+
+    sub = verbs.add_parser("fetch", help="download, verify and unpack releases")
+    sub.add_argument("versions", nargs="*", metavar="RELEASE")
+    sub.add_argument("--all", action="store_true", help="every pinned release")
+    sub.set_defaults(func=cmd_fetch)
+
+    sub = verbs.add_parser("pins", help="list the supported releases")
+    sub.set_defaults(func=cmd_pins)
+
+    sub = verbs.add_parser(
+        "refresh", help="rewrite patches/ and pins.toml from the recipes and sdists"
+    )
+    sub.set_defaults(func=cmd_refresh)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except Refusal as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.status
+    except transaction.Interrupted as e:
+        print(f"error: {e}; every file was put back as it was", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing changed", file=sys.stderr)
+        return INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

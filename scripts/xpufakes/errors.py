@@ -1,0 +1,15 @@
+"""The tool's exit statuses and the exception for a refusal."""
+
+OK = 0
+REFUSED = 1  # bad input or a tree we will not touch; a one-line reason
+USAGE = 2  # wrong command line
+NOT_HERE = 77  # cannot run on this machine (e.g. no Intel GPU), not a failure
+INTERRUPTED = 130
+
+
+class Refusal(Exception):
+    """Stop with a one-line reason and a non-zero exit; nothing was changed."""
+
+    def __init__(self, message: str, status: int = REFUSED):
+        super().__init__(message)
+        self.status = status

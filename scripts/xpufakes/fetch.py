@@ -1,0 +1,171 @@
+"""Download a pinned release's official sdist, check it, unpack it to the cache.
+
+The package index is pip's: PIP_INDEX_URL, else the index-url of pip's
+configuration, else pip's default. The sdist must match the sha256 pinned in
+patches/pins.toml; a download that does not is discarded.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+from . import paths
+from .errors import Refusal
+from .pins import Pin
+
+_MARKER = ".xpufakes-sdist-sha256"
+
+
+def index_url() -> str:
+    url = os.environ.get("PIP_INDEX_URL")
+    if url:
+        return url
+    config = _pip_config()
+    for key in (":env:.index-url", "install.index-url", "global.index-url"):
+        if key in config:
+            return config[key]
+    try:
+        from pip._internal.models.index import PyPI  # pip's own default
+    except ImportError:
+        raise Refusal("cannot tell the package index: set PIP_INDEX_URL") from None
+    return PyPI.simple_url
+
+
+def _pip_config() -> dict[str, str]:
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    config = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            config[key.strip()] = value.strip().strip("'\"")
+    return config
+
+
+def _ssl_context() -> ssl.SSLContext:
+    cafile = os.environ.get("PIP_CERT") or _pip_config().get("global.cert")
+    return ssl.create_default_context(cafile=cafile if cafile else None)
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links: dict[str, str] = {}
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            href = dict(attrs).get("href")
+            if href:
+                name = urllib.parse.unquote(href.split("#")[0].rsplit("/", 1)[-1])
+                self.links[name] = href
+
+
+def sdist_url(version: str) -> str:
+    """The sdist's download address, from the index's project page."""
+    page = urllib.parse.urljoin(index_url().rstrip("/") + "/", "vllm/")
+    request = urllib.request.Request(
+        page,
+        headers={
+            "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120, context=_ssl_context()) as r:
+            body = r.read().decode("utf-8", errors="replace")
+            content_type = r.headers.get("Content-Type", "")
+    except OSError as e:
+        raise Refusal(f"cannot read the package index at {page}: {e}") from None
+    filename = f"vllm-{version}.tar.gz"
+    if "json" in content_type:
+        files = {f["filename"]: f["url"] for f in json.loads(body).get("files", [])}
+    else:
+        parser = _Links()
+        parser.feed(body)
+        files = parser.links
+    if filename not in files:
+        raise Refusal(f"the package index at {page} has no {filename}")
+    return urllib.parse.urljoin(page, files[filename])
+
+
+def sdist_path(pin: Pin) -> Path:
+    return paths.cache_dir() / "sdists" / f"vllm-{pin.version}.tar.gz"
+
+
+def tree_path(pin: Pin) -> Path:
+    return paths.cache_dir() / "trees" / pin.version
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(pin: Pin) -> Path:
+    """The verified sdist in the cache (downloaded if not there yet)."""
+    target = sdist_path(pin)
+    if target.is_file() and _sha256_of(target) == pin.sdist_sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    url = sdist_url(pin.version)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            with urllib.request.urlopen(url, timeout=600, context=_ssl_context()) as r:
+                shutil.copyfileobj(r, out, 1 << 20)
+        actual = _sha256_of(Path(tmp))
+        if actual != pin.sdist_sha256:
+            raise Refusal(
+                f"vllm-{pin.version}.tar.gz has sha256 {actual}, pinned "
+                f"{pin.sdist_sha256}; discarded"
+            )
+        os.replace(tmp, target)
+    except OSError as e:
+        raise Refusal(f"cannot download vllm-{pin.version}.tar.gz: {e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def fetch(pin: Pin) -> Path:
+    """The unpacked, verified release in the cache."""
+    tree = tree_path(pin)
+    marker = tree / _MARKER
+    if marker.is_file() and marker.read_text().strip() == pin.sdist_sha256:
+        return tree
+    sdist = download(pin)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{pin.version}-"))
+    try:
+        with tarfile.open(sdist) as archive:
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            archive.extractall(staging, **kwargs)
+        (top,) = [p for p in staging.iterdir() if re.match(r"vllm-", p.name)]
+        (top / _MARKER).write_text(pin.sdist_sha256 + "\n")
+        if tree.exists():
+            shutil.rmtree(tree)
+        os.replace(top, tree)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tree

@@ -1,0 +1,268 @@
+"""How each patch is made: an edit of the pristine file of a release, and the
+patch's header. `make refresh` runs the edits on every pinned release and
+writes patches/ (grouping releases whose diffs are the same into one series),
+so the diff context always comes from the official sdists.
+"""
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass
+
+XPU_C_GEMMS = (
+    "fp8_gemm",
+    "fp8_gemm_out",
+    "fp8_bmm",
+    "fp8_gemm_w8a16",
+    "fp4_gemm",
+    "int4_gemm_w4a16",
+    "int4_gemm_w4a8",
+)
+
+FAKES_MODULE = "vllm/_xpu_gemm_fakes.py"
+TREE_TEST = "tests/kernels/quantization/test_xpu_gemm_fakes.py"
+TREE_TEST_REFERENCE = "tests/kernels/quantization/xpu_gemm_reference.py"
+
+
+class RecipeError(Exception):
+    """The pristine file is not shaped as the recipe expects."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    era: str  # series names are <era>-<first release>
+    name: str  # the patch file name
+    target: str
+    edit: Callable[[str], str]
+    overlay: tuple[str, ...]
+    header: str  # DEP-3 fields; {releases} is replaced by the releases it fits
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def _statements(text: str) -> list[ast.stmt]:
+    return ast.parse(text).body
+
+
+def _first_vllm_import(body: list[ast.stmt]) -> ast.stmt:
+    for node in body:
+        module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+        if module == "vllm" or module.startswith("vllm."):
+            return node
+    raise RecipeError("no `from vllm... import` at module level")
+
+
+def _is_type_checking_if(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    )
+
+
+def _xpu_c_gemm_guard(node: ast.stmt) -> str | None:
+    """The op name of `if hasattr(torch.ops._xpu_C, "<gemm>"):`, else None."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Call):
+        return None
+    call = node.test
+    if not (isinstance(call.func, ast.Name) and call.func.id == "hasattr"):
+        return None
+    if len(call.args) != 2 or ast.unparse(call.args[0]) != "torch.ops._xpu_C":
+        return None
+    name = call.args[1]
+    if isinstance(name, ast.Constant) and name.value in XPU_C_GEMMS:
+        return name.value
+    return None
+
+
+def edit_xpu_ops(text: str) -> str:
+    """vllm/_xpu_ops.py (0.16.0+): drop the upstream GEMM fakes and the
+    register_fake shim only they use; register the canonical fakes instead."""
+    body = _statements(text)
+    lines = _lines(text)
+    start = next((i for i, n in enumerate(body) if _is_type_checking_if(n)), None)
+    if start is None:
+        raise RecipeError("no `if TYPE_CHECKING:` block")
+    end = start + 1
+    while end < len(body) and _xpu_c_gemm_guard(body[end]):
+        end += 1
+    if end == start + 1:
+        raise RecipeError("no `if hasattr(torch.ops._xpu_C, <gemm>)` blocks")
+    first, last = body[start].lineno - 1, body[end - 1].end_lineno
+    lines[first:last] = [
+        "# torch.compile needs a fake (meta) implementation of each custom op it\n",
+        "# traces. The fakes of the _xpu_C GEMMs are in vllm/_xpu_gemm_fakes.py:\n",
+        "# each reproduces its kernel's output shape, strides and dtype, and is\n",
+        "# registered only if the op has the schema it was written for.\n",
+        "register_xpu_gemm_fakes()\n",
+    ]
+    # imports: drop TYPE_CHECKING, add the fakes module first among vllm's
+    vllm_import = _first_vllm_import(body).lineno - 1
+    lines.insert(vllm_import, "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n")
+    typing = next(
+        (
+            n
+            for n in body
+            if isinstance(n, ast.ImportFrom)
+            and n.module == "typing"
+            and [a.name for a in n.names] == ["TYPE_CHECKING"]
+        ),
+        None,
+    )
+    if typing is None:
+        raise RecipeError("no `from typing import TYPE_CHECKING` line")
+    at = typing.lineno - 1
+    if lines[at - 1] == "\n" and lines[at + 1] == "\n":
+        del lines[at : at + 2]  # it was a group of its own
+    else:
+        del lines[at]
+    result = "".join(lines)
+    if "TYPE_CHECKING" in result:
+        raise RecipeError("TYPE_CHECKING is used elsewhere; its import must stay")
+    return result
+
+
+def edit_ipex_ops(text: str) -> str:
+    """vllm/_ipex_ops.py (0.10.2-0.14.1): register the canonical fakes of the
+    torch_ipex GEMMs right after IPEX is imported (the ops exist only then)."""
+    body = _statements(text)
+    lines = _lines(text)
+    guard = next(
+        (
+            n
+            for n in body
+            if isinstance(n, ast.Try)
+            and any(
+                isinstance(s, ast.Import)
+                and any(a.name == "intel_extension_for_pytorch" for a in s.names)
+                for s in n.body
+            )
+        ),
+        None,
+    )
+    if guard is None:
+        raise RecipeError("no `try: import intel_extension_for_pytorch` block")
+    lines[guard.end_lineno : guard.end_lineno] = [
+        "\n",
+        "# torch.compile needs a fake (meta) implementation of each custom op it\n",
+        "# traces, and IPEX has none for the GEMMs of the quantized linear methods.\n",
+        "# vllm/_xpu_gemm_fakes.py registers exact ones for the ops that exist (the\n",
+        "# XPU builds of IPEX) and have the schema they were written for.\n",
+        "register_ipex_gemm_fakes()\n",
+    ]
+    logger_import = next(
+        (n for n in body if isinstance(n, ast.ImportFrom) and n.module == "vllm.logger"),
+        None,
+    )
+    if logger_import is None or _first_vllm_import(body) is not logger_import:
+        raise RecipeError("`from vllm.logger import` is not the first vllm import")
+    lines.insert(
+        logger_import.lineno - 1,
+        "from vllm._xpu_gemm_fakes import register_ipex_gemm_fakes\n",
+    )
+    return "".join(lines)
+
+
+_COMMON_FIELDS = """\
+Origin: vendor
+Bug: https://github.com/intel/llm-scaler/issues/383
+Forwarded: no
+Last-Update: {date}
+"""
+
+KERNELS_HEADER = """\
+Description: [XPU] Use exact fake kernels for the _xpu_C quantized GEMMs
+ torch.compile traces vLLM's quantized linear layers with fake tensors, so
+ every custom op called there needs a fake (meta) kernel that returns what
+ the real kernel returns: shape, strides, dtype and device. The fakes of the
+ vllm-xpu-kernels GEMMs in vllm/_xpu_ops.py do not:
+ .
+  - they flatten the input to 2-D, so a 3-D activation gets a 2-D output where
+    the kernel returns [b, m, n];
+  - they call .view(), which raises on a strided input such as the transposed
+    [m, b, k] view;
+  - their strides are contiguous where the kernel's output follows the
+    input's strides (A.stride(i) / K * N);
+  - fp8_gemm and fp4_gemm return the default dtype (float32) when out_dtype is
+    None, where the kernel returns float16;
+  - fp8_gemm has no fake before vLLM 0.20, fp4_gemm none in 0.22-0.27.1.
+ .
+ Under Inductor a wrong fake is a run-time assert at best (size asserts on),
+ a silently wrong shape or a buffer overrun at worst (vLLM turns the asserts
+ off for torch < 2.12).
+ .
+ This replaces them with vllm/_xpu_gemm_fakes.py, which follows the kernels'
+ allocator (check_and_create_output_tensor in csrc/xpu/onednn/
+ onednn_matmul.cpp) and mirrors their input checks, for fp8_gemm,
+ fp8_gemm_out, fp8_bmm, fp8_gemm_w8a16, fp4_gemm, int4_gemm_w4a16 and
+ int4_gemm_w4a8. A fake is registered only for an op that exists and has the
+ schema the fake was written for; otherwise a warning is logged.
+ .
+ tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
+ (test_faketensor, test_aot_dispatch_dynamic) on each op, against the real
+ kernels on an XPU host and against CPU reference kernels elsewhere.
+ .
+ Upstream status: not submitted yet. The fakes replaced here were added by
+ https://github.com/vllm-project/vllm/pull/39984 (fp8_gemm) and
+ https://github.com/vllm-project/vllm/pull/50946 (fp4_gemm).
+ .
+ This variant applies to vLLM {releases}.
+"""
+
+IPEX_HEADER = """\
+Description: [XPU] Register fake kernels for the IPEX quantized GEMMs
+ torch.compile traces vLLM's quantized linear layers with fake tensors, so
+ every custom op called there needs a fake (meta) kernel. IPEX registers
+ none for torch_ipex::fp8_gemm_w8a16, which XPUFp8LinearMethod.apply calls,
+ so with compilation on (the default) the engine dies at start-up in
+ profile_run with
+   torch._dynamo.exc.Unsupported: Operator does not support running with
+   fake tensors ... unsupported operator: torch_ipex.fp8_gemm_w8a16.xpu
+ and users fall back to --enforce-eager.
+ .
+ This registers, right after IPEX is imported, the fakes of
+ vllm/_xpu_gemm_fakes.py: the output follows IPEX's allocation (shape
+ A.shape[:-1] + (N,), N = B.size(0) when trans_B, strides
+ A.stride(i) / K * N, dtype and device of A) and the op's input checks. A
+ fake is registered only for an op that exists (the XPU builds of IPEX) and
+ has the schema the fake was written for; otherwise a warning is logged.
+ .
+ tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
+ (test_faketensor, test_aot_dispatch_dynamic) on each op, against the real
+ kernels on an XPU host and against CPU reference kernels elsewhere.
+ .
+ Upstream status: not submitted yet; IPEX-based XPU support was replaced by
+ vllm-xpu-kernels in vLLM 0.16.0, so this is for the 0.10.2-0.14.1 releases.
+ .
+ This variant applies to vLLM {releases}.
+"""
+
+OVERLAY = (FAKES_MODULE, TREE_TEST_REFERENCE, TREE_TEST)
+
+RECIPES = {
+    "ipex": Recipe(
+        era="ipex",
+        name="0001-xpu-register-fakes-for-ipex-gemms.patch",
+        target="vllm/_ipex_ops.py",
+        edit=edit_ipex_ops,
+        overlay=OVERLAY,
+        header=IPEX_HEADER + _COMMON_FIELDS,
+    ),
+    "kernels": Recipe(
+        era="kernels",
+        name="0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch",
+        target="vllm/_xpu_ops.py",
+        edit=edit_xpu_ops,
+        overlay=OVERLAY,
+        header=KERNELS_HEADER + _COMMON_FIELDS,
+    ),
+}
+
+
+def era_of(version: tuple[int, ...]) -> str | None:
+    """The era of a release: ipex (0.10.2-0.14.x), kernels (0.16.0+), or None
+    (0.10.0-0.10.1.1 force compilation off on XPU)."""
+    if version < (0, 10, 2):
+        return None
+    return "ipex" if version < (0, 16) else "kernels"

@@ -1,0 +1,524 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""CPU stand-ins for the Intel XPU quantized GEMM kernels.
+
+Where the real kernels (vllm-xpu-kernels' ``_xpu_C``, IPEX's ``torch_ipex``)
+cannot load -- any machine without an Intel GPU -- the ops are defined here
+with the kernels' exact schemas and CPU reference implementations, so that
+``torch.library.opcheck`` can compare the fake kernels with a real one.
+
+A reference kernel computes the real math (dequantize, fp32 matmul, bias) and
+returns it in the layout the XPU kernel allocates: ``A.shape[:-1] + (N,)``,
+strides ``A.stride(i) // K * N`` but the last, which is A's. It performs the
+XPU kernel's input checks with the XPU kernel's messages.
+
+Sources: vllm-project/vllm-xpu-kernels ``csrc/xpu/torch_bindings.cpp``
+(schemas), ``csrc/xpu/onednn/onednn_matmul.cpp`` and ``onednn/*.h``
+(allocation, checks); intel/intel-extension-for-pytorch
+``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``.
+"""
+
+import re
+
+import torch
+
+# Schemas, verbatim from the kernels' registrations. Identical in every
+# release that has the op.
+XPU_C_SCHEMAS = {
+    "fp8_gemm": "fp8_gemm(Tensor A, Tensor B, ScalarType? out_dtype, "
+    "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+    "fp8_gemm_out": "fp8_gemm_out(Tensor(a!) out, Tensor A, Tensor B, "
+    "ScalarType? out_dtype, Tensor? A_scale_, Tensor? B_scale_, "
+    "Tensor? bias_) -> Tensor",
+    "fp8_bmm": "fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, "
+    "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+    "fp8_gemm_w8a16": "fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
+    "Tensor? bias_) -> Tensor",
+    "fp4_gemm": "fp4_gemm(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
+    "ScalarType? out_dtype, Tensor? bias_) -> Tensor",
+    "int4_gemm_w4a16": "int4_gemm_w4a16(Tensor A, Tensor B, Tensor? bias, "
+    "Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx) -> Tensor",
+    "int4_gemm_w4a8": "int4_gemm_w4a8(Tensor A_, Tensor A_scale, Tensor A_zp, "
+    "Tensor B, Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx, "
+    "Tensor? bias) -> Tensor",
+}
+
+# vllm-xpu-kernels release that first has an op (the others are in v0.1.0).
+XPU_C_OP_SINCE = {
+    "fp4_gemm": (0, 1, 6),
+    "fp8_bmm": (0, 1, 11),
+    "fp8_gemm_out": (0, 1, 14),
+}
+
+# vllm-xpu-kernels release that first performs a check.
+XPU_C_CHECK_SINCE = {
+    "batched_weights": (0, 1, 11),  # dda91d1: B may be 3-D
+    "contiguity_checks": (0, 1, 13),  # 22bbc16
+}
+
+# IPEX infers the schema from the C++ signature (unnamed arguments) and
+# registers it as the "xpu" overload, with CONSERVATIVE alias analysis.
+TORCH_IPEX_SCHEMAS = {
+    "fp8_gemm_w8a16.xpu": "fp8_gemm_w8a16.xpu(Tensor _0, Tensor _1, bool _2, "
+    "Tensor? _3, Tensor? _4) -> Tensor _0",
+}
+
+NEWEST_XPU_KERNELS = "0.1.15.4"
+
+_FP8 = (torch.float8_e5m2, torch.float8_e4m3fn)
+_HALF = (torch.float16, torch.bfloat16)
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)
+
+# c10's names for ScalarTypes, as the kernels print them.
+_C10_NAMES = {
+    torch.float32: "Float",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float64: "Double",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.float8_e4m3fn: "Float8_e4m3fn",
+    torch.float8_e5m2: "Float8_e5m2",
+}
+
+# e2m1 code -> value (sign in the high bit of the nibble)
+_E2M1 = torch.tensor(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    + [-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+)
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    if not match:
+        raise ValueError(f"not a release number: {version!r}")
+    return tuple(int(p) for p in match.group(0).split("."))
+
+
+def _name(dtype: torch.dtype) -> str:
+    return _C10_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise RuntimeError(message)
+
+
+# ---------------------------------------------------------------------------
+# Shared pieces of the reference kernels
+# ---------------------------------------------------------------------------
+
+
+class _Release:
+    def __init__(self, version: tuple[int, ...]):
+        self.version = version
+
+    def has(self, check: str) -> bool:
+        return self.version >= XPU_C_CHECK_SINCE[check]
+
+
+def _allocate(A: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    k = A.shape[-1]
+    if k == 0:
+        # The XPU kernel divides by K here (SIGFPE); do not imitate that.
+        raise RuntimeError("XPU GEMM: the input's last dimension (K) is 0")
+    shape = list(A.shape[:-1]) + [n]
+    strides = [s // k * n for s in A.stride()[:-1]] + [A.stride(-1)]
+    return torch.empty_strided(shape, strides, dtype=dtype, device=A.device)
+
+
+def _check_and_create_output(
+    release: _Release, A: torch.Tensor, B: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    _require(A.dim() in (2, 3), "OneDNN Matmul only support 2D and 3D inputs!\n")
+    if not release.has("batched_weights"):
+        _require(B.dim() == 2, "OneDNN Matmul only support 2D weights!\n")
+    _require(B.dim() in (2, 3), "OneDNN Matmul only support 2D and 3D weights!\n")
+    if B.dim() == 3:
+        _require(
+            A.dim() == 3,
+            "OneDNN Matmul expects 3D input when using batched weights!\n",
+        )
+        _require(
+            A.shape[0] == B.shape[0],
+            "OneDNN Matmul expects input and weight batches to match, got "
+            f"{A.shape[0]} and {B.shape[0]}.",
+        )
+    if B.dtype == torch.int32:
+        _require(B.stride(-2) == 1, "Int4 weight must be in NT format!\n")
+    return _allocate(A, B.shape[-1], dtype)
+
+
+def _check_contiguous(
+    release: _Release, t: torch.Tensor | None, what: str, kind: str
+) -> None:
+    if release.has("contiguity_checks") and t is not None:
+        _require(t.is_contiguous(), f"{what} must be contiguous for {kind} matmul")
+
+
+def _bias(bias: torch.Tensor | None, m: int, n: int) -> torch.Tensor | None:
+    """``get_bias_type`` of the oneDNN glue; returns a broadcastable bias."""
+    if bias is None:
+        return None
+    numel = bias.numel()
+    if numel == 1:
+        value = bias.reshape(1, 1)
+    elif numel == m * n:
+        value = bias.reshape(m, n)
+    elif bias.shape[-1] == n and numel == n:
+        value = bias.reshape(1, n)
+    elif bias.shape[-1] == 1 and numel == m:
+        value = bias.reshape(m, 1)
+    elif numel == 0:
+        value = None
+    else:
+        sizes = ", ".join(map(str, bias.shape))
+        raise RuntimeError(f"unsupported bias dim in matmul ...[{sizes}]")
+    _require(
+        bias.dtype in (torch.float32, torch.bfloat16, torch.float16),
+        f"Unsupported data type for bias in int4 matmul: {_name(bias.dtype)}",
+    )
+    return None if value is None else value.float()
+
+
+def _expand_scale(scale: torch.Tensor | None, rows: int, cols: int) -> torch.Tensor:
+    """A [rows, cols] fp32 matrix from a per-tensor, per-row ([rows, 1]),
+    per-column ([cols] / [1, cols]) or block ([rows/r, cols/c]) scale."""
+    if scale is None or scale.numel() == 1:
+        value = 1.0 if scale is None else scale.float().reshape(())
+        return torch.full((rows, cols), float(value))
+    s = scale.float()
+    if s.dim() == 1 and s.numel() == cols:
+        return s.reshape(1, cols).expand(rows, cols)
+    if s.dim() == 2 and s.shape == (1, cols):
+        return s.expand(rows, cols)
+    if s.dim() == 2 and s.shape == (rows, 1):
+        return s.expand(rows, cols)
+    if s.dim() == 2 and rows % s.shape[0] == 0 and cols % s.shape[1] == 0:
+        return s.repeat_interleave(rows // s.shape[0], 0).repeat_interleave(
+            cols // s.shape[1], 1
+        )
+    raise RuntimeError(f"reference kernel: unsupported scale shape {list(s.shape)}")
+
+
+def _finish(
+    out: torch.Tensor, product: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Write ``product + bias`` ([rows, N], fp32) through out's strides."""
+    if bias is not None:
+        product = product + bias
+    out.copy_(product.reshape(out.shape).to(out.dtype))
+    return out
+
+
+def _rows(A: torch.Tensor) -> torch.Tensor:
+    return A.reshape(-1, A.shape[-1])
+
+
+# ---------------------------------------------------------------------------
+# _xpu_C reference kernels
+# ---------------------------------------------------------------------------
+
+
+def _fp8_gemm_common(out, A, B, A_scale, B_scale, bias):
+    _require(
+        A.dtype in _FP8 and B.dtype in _FP8 and A.dtype == B.dtype,
+        "input and weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+    )
+    _require(out.dtype in _HALF, "output must be float16 or bfloat16 for fp8 matmul")
+    if (
+        A_scale is not None
+        and B_scale is not None
+        and A_scale.dim() == 2
+        and A_scale.shape[1] > 1
+    ):
+        _require(
+            A_scale.shape[1] == B_scale.shape[0],
+            "Mismatch group size in input and weight."
+            f"{A_scale.shape[1]} vs {B_scale.shape[0]}",
+        )
+    k, n = A.shape[-1], B.shape[-1]
+    a = _rows(A).float()
+    a = a * _expand_scale(A_scale, a.shape[0], k)
+    bias_ = _bias(bias, a.shape[0], n)
+    if B.dim() == 3:  # one [K, N] weight per batch entry, a per-tensor scale
+        w = B.float() * _expand_scale(B_scale, 1, 1)
+        product = torch.bmm(a.reshape(A.shape), w).reshape(-1, n)
+        return _finish(out, product, bias_)
+    w = B.float() * _expand_scale(B_scale, k, n)
+    return _finish(out, a @ w, bias_)
+
+
+def make_xpu_c_kernels(release: _Release) -> dict:
+    def fp8_gemm(A, B, out_dtype, A_scale, B_scale, bias):
+        _check_contiguous(release, A_scale, "A_scale", "fp8")
+        _check_contiguous(release, B_scale, "B_scale", "fp8")
+        _check_contiguous(release, bias, "bias", "fp8")
+        dtype = torch.float16 if out_dtype is None else out_dtype
+        out = _check_and_create_output(release, A, B, dtype)
+        return _fp8_gemm_common(out, A, B, A_scale, B_scale, bias)
+
+    def fp8_gemm_out(out, A, B, out_dtype, A_scale, B_scale, bias):
+        _check_contiguous(release, A_scale, "A_scale", "fp8")
+        _check_contiguous(release, B_scale, "B_scale", "fp8")
+        _check_contiguous(release, bias, "bias", "fp8")
+        _check_and_create_output(release, A, B, out.dtype)
+        expected = list(A.shape[:-1]) + [B.shape[-1]]
+        _require(
+            out.device == A.device,
+            f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
+        )
+        _require(
+            list(out.shape) == expected,
+            f"OneDNN Matmul expects out of shape {expected}, got {list(out.shape)}.",
+        )
+        _require(
+            out_dtype is None or out.dtype == out_dtype,
+            f"OneDNN Matmul expects out of dtype {_name(out_dtype or out.dtype)}, "
+            f"got {_name(out.dtype)}.",
+        )
+        return _fp8_gemm_common(out, A, B, A_scale, B_scale, bias)
+
+    def fp8_bmm(A, B, out_dtype, A_scale, B_scale, bias):
+        _require(A.dim() == 3, "fp8_bmm expects A to be a 3D tensor")
+        _require(B.dim() == 3, "fp8_bmm expects B to be a 3D tensor")
+        _check_contiguous(release, A_scale, "A_scale", "fp8")
+        _check_contiguous(release, B_scale, "B_scale", "fp8")
+        dtype = torch.float16 if out_dtype is None else out_dtype
+        out = _check_and_create_output(release, A, B, dtype)
+        _require(
+            A.dtype in _FP8 and B.dtype in _FP8 and A.dtype == B.dtype,
+            "input and weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+        )
+        _require(
+            out.dtype in _HALF, "output must be float16 or bfloat16 for fp8 matmul"
+        )
+        n = B.shape[-1]
+        _require(
+            bias is None
+            or bias.numel() in (0, 1)
+            or (bias.numel() == n and bias.shape[-1] == n),
+            "Batched fp8 matmul only supports empty, scalar, or [N] bias.",
+        )
+        a_scale = 1.0 if A_scale is None else A_scale.float().reshape(-1)[0]
+        b_scale = 1.0 if B_scale is None else B_scale.float().reshape(-1)[0]
+        product = torch.bmm(A.float(), B.float()) * (a_scale * b_scale)
+        bias_ = None if bias is None or bias.numel() == 0 else bias.float()
+        return _finish(out, product.reshape(-1, n), bias_)
+
+    def fp8_gemm_w8a16(A, B, B_scale, bias):
+        _check_contiguous(release, B_scale, "B_scale", "fp8")
+        _check_contiguous(release, bias, "bias", "fp8")
+        out = _check_and_create_output(release, A, B, A.dtype)
+        _require(B.dtype in _FP8, "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul")
+        _require(
+            A.dtype in _HALF,
+            f"INTERNAL ASSERT FAILED: Unsupported data type for fp8 matmul: "
+            f"{_name(A.dtype)}",
+        )
+        k, n = A.shape[-1], B.shape[-1]
+        w = B.float() * _expand_scale(B_scale, k, n)
+        a = _rows(A).float()
+        return _finish(out, a @ w, _bias(bias, a.shape[0], n))
+
+    def fp4_gemm(A, B, A_scale, B_scale, out_dtype, bias):
+        _check_contiguous(release, A_scale, "A_scale", "fp4")
+        _check_contiguous(release, B_scale, "B_scale", "fp4")
+        dtype = torch.float16 if out_dtype is None else out_dtype
+        out = _check_and_create_output(release, A, B, dtype)
+        _require(
+            A.dtype == _FP4 and B.dtype == _FP4,
+            "input and weight must be f4_e2m1x2 or f4_e2m1x2 for fp4 matmul",
+        )
+        _require(
+            out.dtype in _HALF, "output must be float16 or bfloat16 for fp4 matmul"
+        )
+        _require(
+            A_scale.dtype == _E8M0,
+            "INTERNAL ASSERT FAILED: Unsupported scale type for fp4 matmul: "
+            f"{_name(A_scale.dtype)}",
+        )
+        _require(
+            B_scale.dtype == A_scale.dtype,
+            "Mismatched scale data types in mxfp4 matmul: "
+            f"{_name(A_scale.dtype)} vs {_name(B_scale.dtype)}",
+        )
+        a = unpack_fp4(_rows(A), dim=1)  # [M, K]
+        w = unpack_fp4(B, dim=0)  # [K, N]
+        k, n = w.shape
+        a = a * _expand_scale(A_scale, a.shape[0], k)
+        b_scale = B_scale if B_scale.shape[-1] == n else B_scale.t()
+        w = w * _expand_scale(b_scale, k, n)
+        return _finish(out, a @ w, _bias(bias, a.shape[0], n))
+
+    def int4_gemm_w4a16(A_, B, bias, B_scale, B_zp, group_size, g_idx):
+        _check_contiguous(release, B_scale, "B_scale", "int4")
+        A = A_.index_select(-1, g_idx) if g_idx is not None else A_
+        out = _check_and_create_output(release, A, B, A.dtype)
+        _require(
+            A.dtype in _HALF,
+            "INTERNAL ASSERT FAILED: Unsupported data type for int4-f16/bf16 "
+            f"matmul: {_name(A.dtype)}",
+        )
+        w = dequantize_int4(B, B_scale, B_zp, group_size)
+        a = _rows(A).float()
+        return _finish(out, a @ w, _bias(bias, a.shape[0], w.shape[1]))
+
+    def int4_gemm_w4a8(A_, A_scale, A_zp, B, B_scale, B_zp, group_size, g_idx, bias):
+        _check_contiguous(release, A_scale, "A_scale", "int4")
+        _check_contiguous(release, B_scale, "B_scale", "int4")
+        A = A_.index_select(-1, g_idx) if g_idx is not None else A_
+        per_token = (
+            A_scale.dim() == 2
+            and A_scale.shape[1] == 1
+            and A_zp.dim() == 2
+            and A_zp.shape[1] == 1
+        )
+        per_tensor = A_scale.dim() == 1 and A_zp.dim() == 1
+        _require(
+            per_token or per_tensor,
+            "Int4-Int8 matmul expects quantized input A to be per-token "
+            "([b*m,1]) or per-tensor ([b]) quantized!",
+        )
+        out = _check_and_create_output(release, A, B, torch.float16)
+        _require(
+            A.dtype in (torch.int8, torch.uint8),
+            "INTERNAL ASSERT FAILED: Unsupported data type for int4-int8 matmul: "
+            f"{_name(A.dtype)}",
+        )
+        a = _rows(A).float()
+        zp = A_zp.float().reshape(-1, 1) if per_token else A_zp.float().reshape(())
+        scale = (
+            A_scale.float().reshape(-1, 1) if per_token else A_scale.float().reshape(())
+        )
+        a = (a - zp) * scale
+        w = dequantize_int4(B, B_scale, B_zp, group_size)
+        return _finish(out, a @ w, _bias(bias, a.shape[0], w.shape[1]))
+
+    return {
+        "fp8_gemm": fp8_gemm,
+        "fp8_gemm_out": fp8_gemm_out,
+        "fp8_bmm": fp8_bmm,
+        "fp8_gemm_w8a16": fp8_gemm_w8a16,
+        "fp4_gemm": fp4_gemm,
+        "int4_gemm_w4a16": int4_gemm_w4a16,
+        "int4_gemm_w4a8": int4_gemm_w4a8,
+    }
+
+
+# ---------------------------------------------------------------------------
+# torch_ipex reference kernels
+# ---------------------------------------------------------------------------
+
+
+def ipex_fp8_gemm_w8a16(A, B, trans_B, B_scale, bias):
+    if A.dim() == 3:
+        _require(B.dim() == 2, "fp8_gemm only support 2D weight\n")
+    else:
+        _require(A.dim() == 2, "linear only support for 2D and 3D tensors!\n")
+    w = B.float().t() if trans_B else B.float()  # [K, N]
+    out = _allocate(A, w.shape[1], A.dtype)
+    _require(B.dtype in _FP8, "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul")
+    _require(
+        A.dtype in _HALF,
+        f"INTERNAL ASSERT FAILED: Unsupported data type for fp8 matmul: "
+        f"{_name(A.dtype)}",
+    )
+    # oneDNN is given the scale with mask 0: one value for the whole weight.
+    if B_scale is not None:
+        w = w * B_scale.float().reshape(-1)[0]
+    a = _rows(A).float()
+    return _finish(out, a @ w, _bias(bias, a.shape[0], w.shape[1]))
+
+
+# ---------------------------------------------------------------------------
+# Quantized formats
+# ---------------------------------------------------------------------------
+
+
+def unpack_fp4(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """fp32 values of float4_e2m1fn_x2 data, unpacked along ``dim`` (the low
+    nibble holds the even element)."""
+    codes = packed.view(torch.uint8).long()
+    low, high = codes & 0xF, codes >> 4
+    values = torch.stack([_E2M1[low], _E2M1[high]], dim=dim + 1)
+    shape = list(packed.shape)
+    shape[dim] *= 2
+    return values.reshape(shape)
+
+
+def unpack_int4(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """Unsigned 4-bit values of int32 data (eight per element, the lowest
+    nibble first), unpacked along ``dim``."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    codes = packed.long().unsqueeze(dim + 1)
+    view = [1] * codes.dim()
+    view[dim + 1] = 8
+    values = (codes >> shifts.reshape(view)) & 0xF
+    shape = list(packed.shape)
+    shape[dim] *= 8
+    return values.reshape(shape)
+
+
+def dequantize_int4(
+    B: torch.Tensor, B_scale: torch.Tensor, B_zp: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """The fp32 [K, N] weight of an int4 GEMM: B is int32 [K/8, N] (NT),
+    B_scale [K/group, N], B_zp int32 [K/group, N/8] or a symmetric scalar."""
+    q = unpack_int4(B, dim=0).float()  # [K, N]
+    k, n = q.shape
+    groups = k // group_size
+    scale = B_scale.float().reshape(groups, n).repeat_interleave(group_size, 0)
+    if B_zp.dim() == 2:
+        zp = unpack_int4(B_zp, dim=1).float().reshape(groups, n)
+        zp = zp.repeat_interleave(group_size, 0)
+    else:
+        zp = B_zp.float().reshape(-1)[0]
+    return (q - zp) * scale
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+def define_xpu_c_kernels(release: str = NEWEST_XPU_KERNELS) -> dict:
+    """Define the ``_xpu_C`` GEMMs of a vllm-xpu-kernels release that are not
+    defined yet, with CPU reference implementations.
+
+    Returns ``{"library": lib, "ops": [names defined here]}``; keep the
+    library referenced for as long as the ops are used.
+    """
+    version = parse_version(release)
+    kernels = make_xpu_c_kernels(_Release(version))
+    lib = torch.library.Library("_xpu_C", "FRAGMENT")
+    defined = []
+    for name, schema in XPU_C_SCHEMAS.items():
+        if version < XPU_C_OP_SINCE.get(name, (0, 1, 0)):
+            continue
+        if hasattr(torch.ops._xpu_C, name):
+            continue
+        lib.define(schema)
+        lib.impl(name, kernels[name], "CPU")
+        defined.append(name)
+    return {"library": lib, "ops": defined}
+
+
+def define_torch_ipex_kernels() -> dict:
+    """Define the ``torch_ipex`` GEMMs that are not defined yet (IPEX's XPU
+    builds define them), with CPU reference implementations."""
+    lib = torch.library.Library("torch_ipex", "FRAGMENT")
+    defined = []
+    impls = {"fp8_gemm_w8a16.xpu": ipex_fp8_gemm_w8a16}
+    for name, schema in TORCH_IPEX_SCHEMAS.items():
+        op_name, _, overload = name.partition(".")
+        packet = getattr(torch.ops.torch_ipex, op_name, None)
+        if packet is not None and overload in packet.overloads():
+            continue
+        lib.define(schema, alias_analysis="CONSERVATIVE")
+        lib.impl(name, impls[name], "CPU")
+        defined.append(name)
+    return {"library": lib, "ops": defined}

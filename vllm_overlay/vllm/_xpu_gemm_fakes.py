@@ -1,0 +1,583 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Fake (meta) implementations of the Intel XPU quantized GEMM kernels.
+
+torch.compile traces vLLM's quantized linear layers with fake tensors, so every
+custom op called there needs a fake kernel. A fake must return exactly what the
+real kernel returns -- shape, strides, dtype and device -- or Inductor plans the
+rest of the graph around a tensor that does not exist (a run-time assert at
+best, a wrong shape or a buffer overrun at worst).
+
+The rules below are read from the kernels' C++ sources:
+
+* vllm-xpu-kernels (``_xpu_C``), ``csrc/xpu/onednn/onednn_matmul.cpp``:
+  every GEMM allocates its output with ``check_and_create_output_tensor``:
+  shape ``A.shape[:-1] + (N,)`` with ``N = B.size(-1)`` (leading dimensions are
+  never flattened), strides ``A.stride(i) / K * N`` for all but the last
+  dimension, dtype ``out_dtype`` or float16 when it is None, device of A.
+* intel-extension-for-pytorch (``torch_ipex``),
+  ``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``: the same layout, with
+  ``N = B.size(0)`` when ``trans_B`` (weight given as ``[N, K]``) and the
+  activation's dtype.
+
+Each fake mirrors the kernel's input checks (same messages) so that bad input
+fails at trace time, and it works with symbolic sizes.
+
+Registration is schema-checked: a fake is registered only if the live op has
+exactly the schema the fake was written for. On a mismatch a warning is logged
+and the op is left alone (a wrong fake is worse than none). Ops that do not
+exist are skipped. Nothing here raises at import or registration time, and
+registering twice is a no-op.
+
+This module imports only torch and the standard library.
+"""
+
+import importlib.metadata
+import inspect
+import logging
+import math
+import re
+from collections.abc import Callable
+from functools import cache
+from typing import NamedTuple
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_FP8_DTYPES = (torch.float8_e5m2, torch.float8_e4m3fn)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+_BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT8_DTYPES = (torch.int8, torch.uint8)
+# Absent from older torch releases.
+_FP4_DTYPE = getattr(torch, "float4_e2m1fn_x2", None)
+_E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", None)
+
+# How c10 prints a ScalarType; the kernels' messages embed it.
+_SCALAR_TYPE_NAMES = {
+    torch.float64: "Double",
+    torch.float32: "Float",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+    torch.float8_e5m2: "Float8_e5m2",
+    torch.float8_e4m3fn: "Float8_e4m3fn",
+}
+
+
+def _scalar_type_name(dtype: torch.dtype) -> str:
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _sizes(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+# ---------------------------------------------------------------------------
+# vllm-xpu-kernels release in use
+# ---------------------------------------------------------------------------
+
+# Checks that exist only from a given vllm-xpu-kernels release on, and the
+# behaviour assumed when the release cannot be determined (the lenient one: a
+# fake that rejects what the kernel accepts would break compilation).
+_KERNEL_FEATURES: dict[str, tuple[tuple[int, ...], bool]] = {
+    # dda91d1 (v0.1.11): B may be a 3-D batch of weights.
+    "batched_weights": ((0, 1, 11), True),
+    # 22bbc16 (v0.1.13): scales and bias must be contiguous.
+    "contiguity_checks": ((0, 1, 13), False),
+}
+
+
+@cache
+def _xpu_kernels_version() -> tuple[int, ...] | None:
+    try:
+        version = importlib.metadata.version("vllm_xpu_kernels")
+    except Exception:
+        return None
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in match.group(0).split(".")) if match else None
+
+
+def _kernel_has(feature: str) -> bool:
+    since, unknown = _KERNEL_FEATURES[feature]
+    version = _xpu_kernels_version()
+    return unknown if version is None else version >= since
+
+
+# ---------------------------------------------------------------------------
+# Shared rules
+# ---------------------------------------------------------------------------
+
+
+def _check_contiguous(t: torch.Tensor | None, what: str, kind: str) -> None:
+    if t is not None and _kernel_has("contiguity_checks"):
+        torch._check(
+            t.is_contiguous(), lambda: f"{what} must be contiguous for {kind} matmul"
+        )
+
+
+def _onednn_output(
+    A: torch.Tensor, B: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """``check_and_create_output_tensor``: its checks, then the output."""
+    torch._check(
+        A.dim() in (2, 3), lambda: "OneDNN Matmul only support 2D and 3D inputs!"
+    )
+    if not _kernel_has("batched_weights"):
+        torch._check(B.dim() == 2, lambda: "OneDNN Matmul only support 2D weights!")
+    torch._check(
+        B.dim() in (2, 3), lambda: "OneDNN Matmul only support 2D and 3D weights!"
+    )
+    if B.dim() == 3:
+        torch._check(
+            A.dim() == 3,
+            lambda: "OneDNN Matmul expects 3D input when using batched weights!",
+        )
+        torch._check(
+            A.size(0) == B.size(0),
+            lambda: (
+                "OneDNN Matmul expects input and weight batches to match, "
+                f"got {A.size(0)} and {B.size(0)}."
+            ),
+        )
+    if B.dtype == torch.int32:
+        torch._check(B.stride(-2) == 1, lambda: "Int4 weight must be in NT format!")
+    return _strided_output(A, B.size(-1), dtype)
+
+
+def _strided_output(A: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The output the kernels allocate: ``A.shape[:-1] + (n,)``, A's strides
+    rescaled from K to n columns (``A.stride(i) / K * n``), A's device."""
+    k = A.size(-1)
+    # The kernels divide by K without checking it.
+    torch._check(k != 0, lambda: "XPU GEMM: the input's last dimension (K) is 0")
+    shape = (*A.shape[:-1], n)
+    strides = (*(s // k * n for s in A.stride()[:-1]), A.stride(-1))
+    return A.new_empty_strided(shape, strides, dtype=dtype)
+
+
+def _check_bias(bias: torch.Tensor | None, A: torch.Tensor, n: int) -> None:
+    """``get_bias_type`` of the oneDNN glue: a scalar, ``[n]``, ``[m, 1]``,
+    ``m * n`` elements or an empty tensor (no bias); f32, bf16 or f16."""
+    if bias is None:
+        return
+    numel = bias.numel()
+    last = bias.size(-1) if bias.dim() > 0 else 1
+    m = math.prod(A.shape[:-1])
+    # Shapes that do not depend on the token count first, so a symbolic m is
+    # only compared with when it has to be.
+    supported = (
+        numel == 1
+        or numel == 0
+        or (last == n and numel == n)
+        or (last == 1 and numel == m)
+        or numel == m * n
+    )
+    torch._check(supported, lambda: f"unsupported bias dim in matmul ...{_sizes(bias)}")
+    torch._check(
+        bias.dtype in _BIAS_DTYPES,
+        lambda: (
+            "Unsupported data type for bias in int4 matmul: "
+            f"{_scalar_type_name(bias.dtype)}"
+        ),
+    )
+
+
+def _check_half_output(out: torch.Tensor, kind: str) -> None:
+    torch._check(
+        out.dtype in _HALF_DTYPES,
+        lambda: f"output must be float16 or bfloat16 for {kind} matmul",
+    )
+
+
+def _check_fp8_pair(A: torch.Tensor, B: torch.Tensor) -> None:
+    torch._check(
+        A.dtype in _FP8_DTYPES and B.dtype in _FP8_DTYPES and A.dtype == B.dtype,
+        lambda: "input and weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+    )
+
+
+def _check_half_activation(A: torch.Tensor, message: str) -> None:
+    torch._check(
+        A.dtype in _HALF_DTYPES,
+        lambda: f"{message}: {_scalar_type_name(A.dtype)}",
+    )
+
+
+# ---------------------------------------------------------------------------
+# _xpu_C (vllm-xpu-kernels)
+# ---------------------------------------------------------------------------
+
+
+def _check_fp8_group_size(
+    A_scale: torch.Tensor | None, B_scale: torch.Tensor | None
+) -> None:
+    if (
+        A_scale is not None
+        and B_scale is not None
+        and A_scale.dim() == 2
+        and A_scale.size(1) > 1
+    ):
+        torch._check(
+            A_scale.size(1) == B_scale.size(0),
+            lambda: (
+                "Mismatch group size in input and weight."
+                f"{A_scale.size(1)} vs {B_scale.size(0)}"
+            ),
+        )
+
+
+def fp8_gemm_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out_dtype: torch.dtype | None,
+    A_scale: torch.Tensor | None,
+    B_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    _check_contiguous(A_scale, "A_scale", "fp8")
+    _check_contiguous(B_scale, "B_scale", "fp8")
+    _check_contiguous(bias, "bias", "fp8")
+    out = _onednn_output(A, B, torch.float16 if out_dtype is None else out_dtype)
+    _check_fp8_pair(A, B)
+    _check_half_output(out, "fp8")
+    _check_fp8_group_size(A_scale, B_scale)
+    _check_bias(bias, A, out.size(-1))
+    return out
+
+
+def fp8_gemm_out_fake(
+    out: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out_dtype: torch.dtype | None,
+    A_scale: torch.Tensor | None,
+    B_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    # The kernel writes into ``out`` and returns ``out`` itself, although the
+    # schema declares a plain ``Tensor`` return; so does the fake.
+    _check_contiguous(A_scale, "A_scale", "fp8")
+    _check_contiguous(B_scale, "B_scale", "fp8")
+    _check_contiguous(bias, "bias", "fp8")
+    _onednn_output(A, B, out.dtype)
+    expected = (*A.shape[:-1], B.size(-1))
+    torch._check(
+        out.device == A.device,
+        lambda: f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
+    )
+    torch._check(
+        tuple(out.shape) == expected,
+        lambda: (
+            "OneDNN Matmul expects out of shape "
+            f"[{', '.join(map(str, expected))}], got {_sizes(out)}."
+        ),
+    )
+    torch._check(
+        out_dtype is None or out.dtype == out_dtype,
+        lambda: (
+            "OneDNN Matmul expects out of dtype "
+            f"{_scalar_type_name(out_dtype or out.dtype)}, "
+            f"got {_scalar_type_name(out.dtype)}."
+        ),
+    )
+    _check_fp8_pair(A, B)
+    _check_half_output(out, "fp8")
+    _check_fp8_group_size(A_scale, B_scale)
+    _check_bias(bias, A, B.size(-1))
+    return out
+
+
+def fp8_bmm_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out_dtype: torch.dtype | None,
+    A_scale: torch.Tensor | None,
+    B_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    torch._check(A.dim() == 3, lambda: "fp8_bmm expects A to be a 3D tensor")
+    torch._check(B.dim() == 3, lambda: "fp8_bmm expects B to be a 3D tensor")
+    _check_contiguous(A_scale, "A_scale", "fp8")
+    _check_contiguous(B_scale, "B_scale", "fp8")
+    out = _onednn_output(A, B, torch.float16 if out_dtype is None else out_dtype)
+    _check_fp8_pair(A, B)
+    _check_half_output(out, "fp8")
+    if bias is not None:
+        n = out.size(-1)
+        torch._check(
+            bias.numel() in (0, 1) or (bias.numel() == n and bias.size(-1) == n),
+            lambda: "Batched fp8 matmul only supports empty, scalar, or [N] bias.",
+        )
+    return out
+
+
+def fp8_gemm_w8a16_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    B_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    _check_contiguous(B_scale, "B_scale", "fp8")
+    _check_contiguous(bias, "bias", "fp8")
+    out = _onednn_output(A, B, A.dtype)
+    torch._check(
+        B.dtype in _FP8_DTYPES,
+        lambda: "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+    )
+    _check_half_activation(A, "Unsupported data type for fp8 matmul")
+    _check_bias(bias, A, out.size(-1))
+    return out
+
+
+def fp4_gemm_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_scale: torch.Tensor,
+    B_scale: torch.Tensor,
+    out_dtype: torch.dtype | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    # A is [..., K/2] and B the logical [K/2, N], two e2m1 values per byte
+    # packed along K: the output has N = B.size(-1) columns, and its strides
+    # come from the packed A.size(-1).
+    _check_contiguous(A_scale, "A_scale", "fp4")
+    _check_contiguous(B_scale, "B_scale", "fp4")
+    out = _onednn_output(A, B, torch.float16 if out_dtype is None else out_dtype)
+    torch._check(
+        A.dtype == _FP4_DTYPE and B.dtype == _FP4_DTYPE,
+        lambda: "input and weight must be f4_e2m1x2 or f4_e2m1x2 for fp4 matmul",
+    )
+    _check_half_output(out, "fp4")
+    torch._check(
+        A_scale.dtype == _E8M0_DTYPE,
+        lambda: (
+            f"Unsupported scale type for fp4 matmul: {_scalar_type_name(A_scale.dtype)}"
+        ),
+    )
+    torch._check(
+        B_scale.dtype == A_scale.dtype,
+        lambda: (
+            "Mismatched scale data types in mxfp4 matmul: "
+            f"{_scalar_type_name(A_scale.dtype)} vs {_scalar_type_name(B_scale.dtype)}"
+        ),
+    )
+    _check_bias(bias, A, out.size(-1))
+    return out
+
+
+def int4_gemm_w4a16_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    bias: torch.Tensor | None,
+    B_scale: torch.Tensor,
+    B_zp: torch.Tensor,
+    group_size: int,
+    g_idx: torch.Tensor | None,
+) -> torch.Tensor:
+    _check_contiguous(B_scale, "B_scale", "int4")
+    # With g_idx (GPTQ act-order) the kernel multiplies a permuted copy of the
+    # activation, which is new and contiguous.
+    if g_idx is not None:
+        A = A.index_select(-1, g_idx)
+    out = _onednn_output(A, B, A.dtype)
+    _check_half_activation(A, "Unsupported data type for int4-f16/bf16 matmul")
+    _check_bias(bias, A, out.size(-1))
+    return out
+
+
+def int4_gemm_w4a8_fake(
+    A: torch.Tensor,
+    A_scale: torch.Tensor,
+    A_zp: torch.Tensor,
+    B: torch.Tensor,
+    B_scale: torch.Tensor,
+    B_zp: torch.Tensor,
+    group_size: int,
+    g_idx: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    _check_contiguous(A_scale, "A_scale", "int4")
+    _check_contiguous(B_scale, "B_scale", "int4")
+    if g_idx is not None:
+        A = A.index_select(-1, g_idx)
+    per_token = (
+        A_scale.dim() == 2
+        and A_scale.size(1) == 1
+        and A_zp.dim() == 2
+        and A_zp.size(1) == 1
+    )
+    per_tensor = A_scale.dim() == 1 and A_zp.dim() == 1
+    torch._check(
+        per_token or per_tensor,
+        lambda: (
+            "Int4-Int8 matmul expects quantized input A to be per-token "
+            "([b*m,1]) or per-tensor ([b]) quantized!"
+        ),
+    )
+    # The kernel always produces float16.
+    out = _onednn_output(A, B, torch.float16)
+    torch._check(
+        A.dtype in _INT8_DTYPES,
+        lambda: (
+            f"Unsupported data type for int4-int8 matmul: {_scalar_type_name(A.dtype)}"
+        ),
+    )
+    _check_bias(bias, A, out.size(-1))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# torch_ipex (intel-extension-for-pytorch, XPU builds)
+# ---------------------------------------------------------------------------
+
+
+def ipex_fp8_gemm_w8a16_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    trans_B: bool,
+    B_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    if A.dim() == 3:
+        torch._check(B.dim() == 2, lambda: "fp8_gemm only support 2D weight")
+    else:
+        torch._check(A.dim() == 2, lambda: "linear only support for 2D and 3D tensors!")
+    # trans_B: the weight is given as [N, K] (the nn.Linear layout).
+    out = _strided_output(A, B.size(0) if trans_B else B.size(1), A.dtype)
+    torch._check(
+        B.dtype in _FP8_DTYPES,
+        lambda: "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+    )
+    _check_half_activation(A, "Unsupported data type for fp8 matmul")
+    _check_bias(bias, A, out.size(-1))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+class FakeSpec(NamedTuple):
+    schema: str  # the schema the fake was written for, as torch prints it
+    fake: Callable[..., torch.Tensor]
+
+
+# op overload -> its fake
+XPU_GEMM_FAKES: dict[str, FakeSpec] = {
+    "_xpu_C::fp8_gemm": FakeSpec(
+        schema="_xpu_C::fp8_gemm(Tensor A, Tensor B, ScalarType? out_dtype, "
+        "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+        fake=fp8_gemm_fake,
+    ),
+    "_xpu_C::fp8_gemm_out": FakeSpec(
+        schema="_xpu_C::fp8_gemm_out(Tensor(a!) out, Tensor A, Tensor B, "
+        "ScalarType? out_dtype, Tensor? A_scale_, Tensor? B_scale_, "
+        "Tensor? bias_) -> Tensor",
+        fake=fp8_gemm_out_fake,
+    ),
+    "_xpu_C::fp8_bmm": FakeSpec(
+        schema="_xpu_C::fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, "
+        "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+        fake=fp8_bmm_fake,
+    ),
+    "_xpu_C::fp8_gemm_w8a16": FakeSpec(
+        schema="_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
+        "Tensor? bias_) -> Tensor",
+        fake=fp8_gemm_w8a16_fake,
+    ),
+    "_xpu_C::fp4_gemm": FakeSpec(
+        schema="_xpu_C::fp4_gemm(Tensor A, Tensor B, Tensor A_scale, "
+        "Tensor B_scale, ScalarType? out_dtype, Tensor? bias_) -> Tensor",
+        fake=fp4_gemm_fake,
+    ),
+    "_xpu_C::int4_gemm_w4a16": FakeSpec(
+        schema="_xpu_C::int4_gemm_w4a16(Tensor A, Tensor B, Tensor? bias, "
+        "Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx) -> Tensor",
+        fake=int4_gemm_w4a16_fake,
+    ),
+    "_xpu_C::int4_gemm_w4a8": FakeSpec(
+        schema="_xpu_C::int4_gemm_w4a8(Tensor A_, Tensor A_scale, Tensor A_zp, "
+        "Tensor B, Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx, "
+        "Tensor? bias) -> Tensor",
+        fake=int4_gemm_w4a8_fake,
+    ),
+}
+
+IPEX_GEMM_FAKES: dict[str, FakeSpec] = {
+    # IPEX infers the schema from the C++ signature, so the arguments are
+    # unnamed and the only overload is "xpu".
+    "torch_ipex::fp8_gemm_w8a16.xpu": FakeSpec(
+        schema="torch_ipex::fp8_gemm_w8a16.xpu(Tensor _0, Tensor _1, bool _2, "
+        "Tensor? _3, Tensor? _4) -> Tensor _0",
+        fake=ipex_fp8_gemm_w8a16_fake,
+    ),
+}
+
+# op overload -> the fake this module registered for it
+_registered: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def _find_overload(qualname: str) -> torch._ops.OpOverload | None:
+    namespace, _, name = qualname.partition("::")
+    op_name, _, overload = name.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), op_name, None)
+    if packet is None:
+        return None
+    return getattr(packet, overload or "default", None)
+
+
+def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> bool:
+    if _registered.get(qualname) is fake:
+        return True
+    op = _find_overload(qualname)
+    if op is None:
+        return False
+    live = str(op._schema)
+    if live != schema:
+        logger.warning(
+            "Not registering a fake for %s: its schema is %r, the fake was "
+            "written for %r",
+            qualname,
+            live,
+            schema,
+        )
+        return False
+    kwargs = {}
+    if "allow_override" in inspect.signature(torch.library.register_fake).parameters:
+        # Replace a fake registered earlier (an older, wrong one).
+        kwargs["allow_override"] = True
+    torch.library.register_fake(qualname, fake, **kwargs)
+    _registered[qualname] = fake
+    return True
+
+
+def _register_all(fakes: dict[str, FakeSpec]) -> list[str]:
+    registered = []
+    for qualname, (schema, fake) in fakes.items():
+        try:
+            if _register(qualname, schema, fake):
+                registered.append(qualname)
+        except Exception as e:  # never break vLLM's import
+            logger.warning("Could not register a fake for %s: %s", qualname, e)
+    return registered
+
+
+def register_xpu_gemm_fakes() -> list[str]:
+    """Register the fakes of the ``_xpu_C`` GEMMs that exist; return them."""
+    return _register_all(XPU_GEMM_FAKES)
+
+
+def register_ipex_gemm_fakes() -> list[str]:
+    """Register the fakes of the ``torch_ipex`` GEMMs that exist; return them.
+
+    Call after ``import intel_extension_for_pytorch``: the ops do not exist
+    before.
+    """
+    return _register_all(IPEX_GEMM_FAKES)
