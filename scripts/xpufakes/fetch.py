@@ -35,11 +35,23 @@ def index_url() -> str:
     for key in (":env:.index-url", "install.index-url", "global.index-url"):
         if key in config:
             return config[key]
-    try:
-        from pip._internal.models.index import PyPI  # pip's own default
-    except ImportError:
-        raise Refusal("cannot tell the package index: set PIP_INDEX_URL") from None
-    return PyPI.simple_url
+    return _pip_default_index()
+
+
+def _pip_default_index() -> str:
+    """pip's built-in default index, asked of pip in a separate process
+    (importing pip's internals here can upset setuptools' distutils shim)."""
+    code = "from pip._internal.models.index import PyPI; print(PyPI.simple_url)"
+    for python in (sys.executable, "python3"):
+        try:
+            out = subprocess.run(
+                [python, "-c", code], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    raise Refusal("cannot tell the package index: set PIP_INDEX_URL")
 
 
 def _pip_config() -> dict[str, str]:

@@ -18,7 +18,10 @@ Sources: vllm-project/vllm-xpu-kernels ``csrc/xpu/torch_bindings.cpp``
 ``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``.
 """
 
+import itertools
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -522,3 +525,310 @@ def define_torch_ipex_kernels() -> dict:
         lib.impl(name, impls[name], "CPU")
         defined.append(name)
     return {"library": lib, "ops": defined}
+
+
+# ---------------------------------------------------------------------------
+# opcheck cases: the inputs a fake must get right
+# ---------------------------------------------------------------------------
+
+K, N = 64, 48
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+LAYOUTS = ("2d", "3d", "3d-mbk", "row-sliced")
+
+
+def activation(layout: str, dtype: torch.dtype, device: str, k: int = K):
+    """An activation in one of the layouts a fake must get right: 2-D, 3-D,
+    the transposed [m, b, k] view of a [b, m, k] tensor, rows with gaps."""
+    if layout == "2d":
+        x = torch.randn(5, k, device=device)
+    elif layout == "3d":
+        x = torch.randn(3, 5, k, device=device)
+    elif layout == "3d-mbk":
+        x = torch.randn(3, 5, k, device=device).transpose(0, 1)
+    elif layout == "row-sliced":
+        x = torch.randn(7, 2 * k, device=device)[:, :k]
+    else:
+        raise ValueError(layout)
+    return _cast(x, dtype)
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of x in dtype, with its strides (fp8 and int8 casts of a view)."""
+    out = torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=x.device)
+    if dtype in (torch.int8, torch.uint8):
+        x = x.clamp(-8, 7).round()
+    out.copy_(x)
+    return out
+
+
+def fp8_weight(dtype: torch.dtype, layout: str, device: str) -> torch.Tensor:
+    """The logical [K, N] weight: "nt" is the .t() view of a [N, K] tensor, as
+    vLLM passes it; "nn" a contiguous [K, N] tensor."""
+    w = torch.randn(N, K, device=device).to(dtype)
+    return w.t() if layout == "nt" else w.t().contiguous()
+
+
+def fp4_data(shape, device: str) -> torch.Tensor:
+    codes = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+    return codes.view(_FP4)
+
+
+def e8m0_scales(shape, device: str) -> torch.Tensor:
+    exponents = torch.randint(120, 130, shape, dtype=torch.uint8, device=device)
+    return exponents.view(_E8M0)
+
+
+def int4_weight(k: int, group: int, dtype: torch.dtype, device: str):
+    """int4 weight as vLLM passes it: int32 [K/8, N] (NT), scales [K/g, N],
+    packed zero points [K/g, N/8]."""
+    packed = torch.randint(-(2**31), 2**31 - 1, (N, k // 8), dtype=torch.int32)
+    scale = (torch.rand(k // group, N) + 0.5).to(dtype)
+    zp = torch.randint(-(2**31), 2**31 - 1, (k // group, N // 8), dtype=torch.int32)
+    return packed.to(device).t(), scale.to(device), zp.to(device)
+
+
+def _rows_of(A: torch.Tensor) -> int:
+    return A.numel() // A.shape[-1]
+
+
+def _fp8_gemm_w8a16_args(device, layout, act_dtype, w_dtype, weight, bias):
+    A = activation(layout, act_dtype, device)
+    B = fp8_weight(w_dtype, weight, device)
+    scale = torch.tensor([0.5], device=device)
+    b = torch.randn(N, device=device, dtype=act_dtype) if bias else None
+    return (A, B, scale, b)
+
+
+def _fp8_gemm_args(device, layout, out_dtype, dtype, weight, scales):
+    A = activation(layout, dtype, device)
+    B = fp8_weight(dtype, weight, device)
+    rows = _rows_of(A)
+    bias = None
+    if scales == "per-token":
+        a_scale = torch.rand(rows, 1, device=device) + 0.5
+        b_scale = torch.rand(N, device=device) + 0.5
+    elif scales == "block":
+        group = 16
+        a_scale = torch.rand(rows, K // group, device=device) + 0.5
+        b_scale = torch.rand(K // group, N // group, device=device) + 0.5
+        bias = torch.empty(0, device=device)  # vLLM's "no bias" on this path
+    else:
+        a_scale = torch.tensor([0.25], device=device)
+        b_scale = torch.tensor([2.0], device=device)
+        if scales == "bias":
+            bias = torch.randn(N, device=device)
+    return (A, B, out_dtype, a_scale, b_scale, bias)
+
+
+def _fp8_gemm_batched_args(device, layout, out_dtype):
+    A = activation(layout, torch.float8_e4m3fn, device)
+    w = torch.randn(A.shape[0], N, K, device=device).to(torch.float8_e4m3fn)
+    return (A, w.transpose(1, 2), out_dtype, None, None, None)
+
+
+def _fp8_bmm_args(device, layout, weight, out_dtype):
+    A = activation(layout, torch.float8_e4m3fn, device)
+    w = torch.randn(A.shape[0], N, K, device=device).to(torch.float8_e4m3fn)
+    B = w.transpose(1, 2) if weight == "nt" else w.transpose(1, 2).contiguous()
+    scale = torch.tensor([0.5], device=device)
+    return (A, B, out_dtype, scale, scale, None)
+
+
+def _fp8_gemm_out_args(device, layout, out_dtype):
+    A = activation(layout, torch.float8_e4m3fn, device)
+    B = fp8_weight(torch.float8_e4m3fn, "nt", device)
+    out = torch.empty(*A.shape[:-1], N, device=device, dtype=torch.bfloat16)
+    return (out, A, B, out_dtype, None, None, None)
+
+
+def _fp4_gemm_args(device, layout, out_dtype, bias):
+    k = 128  # unpacked; two values per byte
+    base = fp4_data((3, 5, k // 2), device)
+    A = {"2d": base[0], "3d": base, "3d-mbk": base.transpose(0, 1)}[layout]
+    B = fp4_data((N, k // 2), device).t()  # logical [K/2, N], NT
+    a_scale = e8m0_scales((_rows_of(A), k // 32), device)
+    b_scale = e8m0_scales((N, k // 32), device)
+    b = torch.randn(N, device=device, dtype=torch.bfloat16) if bias else None
+    return (A, B, a_scale, b_scale, out_dtype, b)
+
+
+def _int4_gemm_w4a16_args(device, layout, dtype, g_idx, zero_points, bias):
+    group = 32
+    A = activation(layout, dtype, device)
+    B, scale, zp = int4_weight(K, group, dtype, device)
+    if zero_points == "sym":
+        zp = torch.tensor([8], dtype=torch.int8, device=device)
+    perm = torch.randperm(K, device=device) if g_idx else None
+    b = torch.randn(N, device=device, dtype=dtype) if bias else None
+    return (A, B, b, scale, zp, group, perm)
+
+
+def _int4_gemm_w4a8_args(device, layout, quant, g_idx):
+    group = 32
+    A = activation(layout, torch.int8, device)
+    rows = _rows_of(A)
+    if quant == "per-token":
+        a_scale = torch.rand(rows, 1, device=device) + 0.5
+        a_zp = torch.zeros(rows, 1, dtype=torch.int32, device=device)
+    else:
+        a_scale = torch.tensor([0.5], device=device)
+        a_zp = torch.tensor([0], dtype=torch.int32, device=device)
+    B, scale, zp = int4_weight(K, group, torch.float16, device)
+    perm = torch.randperm(K, device=device) if g_idx else None
+    return (A, a_scale, a_zp, B, scale, zp, group, perm, None)
+
+
+def _ipex_fp8_gemm_w8a16_args(device, layout, act_dtype, w_dtype, trans_b, bias):
+    A = activation(layout, act_dtype, device)
+    w = torch.randn(N, K, device=device).to(w_dtype)  # [N, K], as vLLM passes it
+    B = w if trans_b else w.t().contiguous()
+    scale = torch.tensor([0.5], device=device)
+    b = torch.randn(N, device=device, dtype=act_dtype) if bias else None
+    return (A, B, trans_b, scale, b)
+
+
+HALF = (torch.float16, torch.bfloat16)
+OUT_DTYPES = (None, torch.float16, torch.bfloat16)
+
+# (namespace, op, overload) -> (argument builder, {dimension: values})
+CASE_SPACE: dict[tuple[str, str, str], tuple[Callable, dict[str, tuple]]] = {
+    ("_xpu_C", "fp8_gemm_w8a16", "default"): (
+        _fp8_gemm_w8a16_args,
+        {
+            "layout": LAYOUTS,
+            "act_dtype": HALF,
+            "w_dtype": FP8_DTYPES,
+            "weight": ("nt", "nn"),
+            "bias": (True, False),
+        },
+    ),
+    ("_xpu_C", "fp8_gemm", "default"): (
+        _fp8_gemm_args,
+        {
+            "layout": LAYOUTS,
+            "out_dtype": OUT_DTYPES,
+            "dtype": FP8_DTYPES,
+            "weight": ("nt", "nn"),
+            "scales": ("per-tensor", "per-token", "block", "bias"),
+        },
+    ),
+    ("_xpu_C", "fp8_gemm", "batched"): (
+        _fp8_gemm_batched_args,
+        {"layout": ("3d", "3d-mbk"), "out_dtype": OUT_DTYPES},
+    ),
+    ("_xpu_C", "fp8_bmm", "default"): (
+        _fp8_bmm_args,
+        {"layout": ("3d", "3d-mbk"), "weight": ("nt", "nn"), "out_dtype": OUT_DTYPES},
+    ),
+    ("_xpu_C", "fp8_gemm_out", "default"): (
+        _fp8_gemm_out_args,
+        {"layout": ("2d", "3d", "3d-mbk"), "out_dtype": (None, torch.bfloat16)},
+    ),
+    ("_xpu_C", "fp4_gemm", "default"): (
+        _fp4_gemm_args,
+        {
+            "layout": ("2d", "3d", "3d-mbk"),
+            "out_dtype": OUT_DTYPES,
+            "bias": (True, False),
+        },
+    ),
+    ("_xpu_C", "int4_gemm_w4a16", "default"): (
+        _int4_gemm_w4a16_args,
+        {
+            "layout": LAYOUTS,
+            "dtype": HALF,
+            "g_idx": (True, False),
+            "zero_points": ("asym", "sym"),
+            "bias": (False, True),
+        },
+    ),
+    ("_xpu_C", "int4_gemm_w4a8", "default"): (
+        _int4_gemm_w4a8_args,
+        {
+            "layout": LAYOUTS,
+            "quant": ("per-token", "per-tensor"),
+            "g_idx": (False, True),
+        },
+    ),
+    ("torch_ipex", "fp8_gemm_w8a16", "xpu"): (
+        _ipex_fp8_gemm_w8a16_args,
+        {
+            "layout": LAYOUTS,
+            "act_dtype": HALF,
+            "w_dtype": FP8_DTYPES,
+            "trans_b": (True, False),
+            "bias": (True, False),
+        },
+    ),
+}
+
+
+@dataclass(frozen=True)
+class OpcheckCase:
+    namespace: str
+    name: str
+    overload: str  # "batched" is fp8_gemm.default with 3-D weights
+    params: dict = field(hash=False)
+
+    @property
+    def id(self) -> str:
+        values = []
+        for key, value in self.params.items():
+            if isinstance(value, bool):
+                value = key if value else f"no-{key}"
+            elif isinstance(value, torch.dtype):
+                value = str(value).removeprefix("torch.")
+            elif value is None:
+                value = f"{key}-None"
+            values.append(str(value))
+        op = self.name if self.overload != "batched" else f"{self.name}-batched"
+        return "-".join([op, *values])
+
+    def op(self) -> torch._ops.OpOverload:
+        packet = getattr(getattr(torch.ops, self.namespace), self.name)
+        return getattr(
+            packet, "default" if self.overload == "batched" else self.overload
+        )
+
+    def available(self) -> bool:
+        packet = getattr(getattr(torch.ops, self.namespace), self.name, None)
+        if packet is None:
+            return False
+        if self.overload == "batched":  # 3-D weights came with fp8_bmm
+            return hasattr(torch.ops._xpu_C, "fp8_bmm")
+        return self.overload in packet.overloads()
+
+    def args(self, device: str) -> tuple:
+        builder, _ = CASE_SPACE[(self.namespace, self.name, self.overload)]
+        return builder(device, **self.params)
+
+
+def _grid(dims: dict[str, tuple], full: bool) -> list[dict]:
+    names = list(dims)
+    if full:
+        return [dict(zip(names, c)) for c in itertools.product(*dims.values())]
+    # Every layout with every value of every other dimension, rotating the
+    # other dimensions against each other from one layout to the next.
+    first, others = names[0], names[1:]
+    width = max((len(dims[n]) for n in others), default=1)
+    cases = []
+    for i, value in enumerate(dims[first]):
+        for j in range(width):
+            case = {first: value}
+            for k, name in enumerate(others, 1):
+                values = dims[name]
+                case[name] = values[(j + i * k) % len(values)]
+            if case not in cases:
+                cases.append(case)
+    return cases
+
+
+def opcheck_cases(full: bool = True) -> list[OpcheckCase]:
+    """The opcheck cases of every op: the full product of each op's
+    dimensions, or (full=False) a covering subset in which every layout meets
+    every value of every other dimension."""
+    return [
+        OpcheckCase(ns, name, overload, params)
+        for (ns, name, overload), (_, dims) in CASE_SPACE.items()
+        for params in _grid(dims, full)
+    ]

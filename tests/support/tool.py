@@ -1,0 +1,35 @@
+"""Run the tool the way a user does: `python -m xpufakes <verb> ...`."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from xpufakes import paths
+
+SCRIPTS = Path(paths.REPO) / "scripts"
+
+
+def run(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "xpufakes", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=600,
+        **kwargs,
+    )
+
+
+def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+    full_env.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-m", "xpufakes", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+    )
