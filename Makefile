@@ -14,7 +14,7 @@ ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help apply check revert status fetch fetch-all pins refresh test \
-	test-all test-tree venv lint need-vllm need-pin
+	test-all test-tree venv venv-tree lint need-vllm need-pin
 
 help:  ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -52,16 +52,30 @@ refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 
 venv: $(VENV)/.installed
 
+# A second environment with the dependencies of a whole vLLM release, for the
+# in-tree test (make test-tree) of that release on this CPU.
+TREE_VENV ?= .venv-tree
+TREE_TEST_RELEASE ?= 0.33.0
+
+venv-tree: $(TREE_VENV)/.installed
+
+$(TREE_VENV)/.installed: requirements-tree.txt
+	@test -x $(TREE_VENV)/bin/python || $(PYTHON) -m venv $(TREE_VENV)
+	tree=$$($(TOOL) fetch --path $(TREE_TEST_RELEASE)) && \
+		$(TREE_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-r requirements-tree.txt -r "$$tree/requirements/common.txt"
+	@touch $@
+
 $(VENV)/.installed: requirements-test.txt
 	@test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check \
 		-r requirements-test.txt
 	@touch $@
 
-test: venv  ## run the tests (one release per series; installs what they need)
+test: venv venv-tree  ## run the tests (first/last release of each series)
 	$(PYTEST) tests $(ARGS)
 
-test-all: venv  ## run the tests on every pinned release
+test-all: venv venv-tree  ## run the tests on every pinned release
 	$(PYTEST) tests --all-releases $(ARGS)
 
 test-tree: need-vllm  ## run the fakes' tests inside a patched vLLM tree (VLLM=path)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support import grid, releases, standins
 
 pytestmark = pytest.mark.forked
@@ -27,9 +28,7 @@ def test_patched_release_registers_the_tree_fakes(release):
     libraries = _load(tree, release)
     fakes = sys.modules["vllm._xpu_gemm_fakes"]
     assert Path(fakes.__file__).is_relative_to(tree)
-    defined = {
-        f"{lib['library'].ns}::{op}" for lib in libraries for op in lib["ops"]
-    }
+    defined = {f"{lib['library'].ns}::{op}" for lib in libraries for op in lib["ops"]}
     assert defined, "no stand-in op was defined"
     assert set(fakes._registered) == defined
 
@@ -46,7 +45,8 @@ def _w8a16_cases(layouts):
     return [
         c.id
         for c in grid.cases()
-        if c.name == "fp8_gemm_w8a16" and c.namespace == "_xpu_C"
+        if c.name == "fp8_gemm_w8a16"
+        and c.namespace == "_xpu_C"
         and c.params["layout"] in layouts
     ]
 

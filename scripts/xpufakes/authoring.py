@@ -39,7 +39,9 @@ def index_sdists() -> dict[str, str]:
     request = urllib.request.Request(
         page, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
-    with urllib.request.urlopen(request, timeout=120, context=fetch._ssl_context()) as r:
+    with urllib.request.urlopen(
+        request, timeout=120, context=fetch._ssl_context()
+    ) as r:
         files = json.loads(r.read())["files"]
     found = {}
     for f in files:
@@ -66,7 +68,9 @@ def _kernels(tree: Path) -> str:
     match = re.search(r"vllm[_-]xpu[_-]kernels(?:==|.*?-)(\d+(?:\.\d+)+)", text)
     if match:
         return f"vllm-xpu-kernels {match.group(1)}"
-    match = re.search(r"intel[_-]extension[_-]for[_-]pytorch(?:==|.*?-)([\w.]+?)(?:%2B|\+)xpu", text)
+    match = re.search(
+        r"intel[_-]extension[_-]for[_-]pytorch(?:==|.*?-)([\w.]+?)(?:%2B|\+)xpu", text
+    )
     if match:
         return f"intel-extension-for-pytorch {match.group(1)}+xpu"
     raise Refusal(f"{tree}/requirements/xpu.txt names no XPU kernel package")
@@ -121,11 +125,7 @@ def patch_text(variant: Variant, date: str) -> str:
     header = recipe.header.format(releases=releases, date=date)
     overlay = "".join(f"X-Overlay: {path}\n" for path in recipe.overlay)
     return (
-        header
-        + overlay
-        + f"Signed-off-by: {SIGNED_OFF_BY}\n"
-        + "---\n"
-        + variant.diff
+        header + overlay + f"Signed-off-by: {SIGNED_OFF_BY}\n" + "---\n" + variant.diff
     )
 
 

@@ -1,10 +1,11 @@
 """Command line: python -m xpufakes <verb> ... (the Makefile's verbs call it)."""
 
 import argparse
+import os
+import subprocess
 import sys
-from pathlib import Path
 
-from . import engine, fetch, pins, series, transaction, tree
+from . import engine, fetch, pins, recipes, series, transaction, tree
 from .errors import INTERRUPTED, OK, USAGE, Refusal
 
 
@@ -98,7 +99,9 @@ def cmd_status(args) -> int:
         word = {True: "applied", False: "not applied", None: "partly applied"}[applied]
         print(f"  {name}: {word}")
     for f in state.files:
-        extra = f" ({f.stage} of {f.stages} diffs)" if f.status == engine.PARTIAL else ""
+        extra = (
+            f" ({f.stage} of {f.stages} diffs)" if f.status == engine.PARTIAL else ""
+        )
         print(f"  {f.path}: {f.status}{extra}")
     for o in state.overlay:
         print(f"  {o.path}: {o.status}")
@@ -113,7 +116,7 @@ def cmd_fetch(args) -> int:
         raise Refusal("no release given (PIN=<release>)", status=USAGE)
     for version in versions:
         path = fetch.fetch(all_pins.get(version))
-        print(f"vLLM {version}: {path}")
+        print(path if args.path else f"vLLM {version}: {path}")
     return OK
 
 
@@ -122,6 +125,38 @@ def cmd_pins(args) -> int:
     for pin in all_pins.releases.values():
         print(f"{pin.version}\t{pin.series}\t{pin.kernels}")
     return OK
+
+
+def cmd_test_tree(args) -> int:
+    """Run the fakes' upstream-style tests inside the tree, with this Python
+    (the one that has the tree's vLLM and its dependencies)."""
+    plan, where = _plan(args.vllm)
+    state = engine.inspect(plan)
+    print(f"{where}: {state.summary}")
+    if not plan.tree.has_tests:
+        raise Refusal(
+            "an installed package has no tests/ tree; point VLLM at the vLLM "
+            "checkout or sdist it was built from"
+        )
+    test = plan.tree.root / recipes.TREE_TEST
+    if not test.is_file():
+        raise Refusal(f"{recipes.TREE_TEST} is not in the tree; run make apply first")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(plan.tree.root), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--noconftest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        recipes.TREE_TEST,
+        *args.pytest_args,
+    ]
+    return subprocess.run(command, cwd=plan.tree.root, env=env).returncode
 
 
 def cmd_refresh(args) -> int:
@@ -149,10 +184,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = verbs.add_parser("fetch", help="download, verify and unpack releases")
     sub.add_argument("versions", nargs="*", metavar="RELEASE")
     sub.add_argument("--all", action="store_true", help="every pinned release")
+    sub.add_argument("--path", action="store_true", help="print only the paths")
     sub.set_defaults(func=cmd_fetch)
 
     sub = verbs.add_parser("pins", help="list the supported releases")
     sub.set_defaults(func=cmd_pins)
+
+    sub = verbs.add_parser(
+        "test-tree", help="run the fakes' tests inside a patched vLLM tree"
+    )
+    sub.add_argument("vllm", metavar="VLLM", help="path to the vLLM tree")
+    sub.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest")
+    sub.set_defaults(func=cmd_test_tree)
 
     sub = verbs.add_parser(
         "refresh", help="rewrite patches/ and pins.toml from the recipes and sdists"

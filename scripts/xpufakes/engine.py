@@ -121,7 +121,9 @@ def _file_state(plan: Plan, path: str) -> FileState:
     text = target.read_bytes().decode("utf-8", errors="surrogateescape")
     pristine = plan.pin.files.get(path)
     if pristine is None:
-        raise Refusal(f"pins.toml has no pristine sha256 of {path} for {plan.pin.version}")
+        raise Refusal(
+            f"pins.toml has no pristine sha256 of {path} for {plan.pin.version}"
+        )
     # The file is at stage j if reversing its last j diffs gives the pristine file.
     for stage in range(len(diffs), -1, -1):
         try:
@@ -131,7 +133,9 @@ def _file_state(plan: Plan, path: str) -> FileState:
         except unidiff.DiffError:
             continue
         if sha256(candidate.encode("utf-8", errors="surrogateescape")) == pristine:
-            status = PRISTINE if stage == 0 else PATCHED if stage == len(diffs) else PARTIAL
+            status = (
+                PRISTINE if stage == 0 else PATCHED if stage == len(diffs) else PARTIAL
+            )
             return FileState(path, status, stage, len(diffs), candidate)
     return FileState(path, MODIFIED, -1, len(diffs))
 
@@ -186,7 +190,10 @@ def changes_to_revert(plan: Plan, state: TreeState) -> list[Change]:
     pristine release: each file to its pristine text, our overlay files
     removed."""
     changes = [
-        Change(plan.tree.root / f.path, f.pristine_text.encode("utf-8", errors="surrogateescape"))
+        Change(
+            plan.tree.root / f.path,
+            f.pristine_text.encode("utf-8", errors="surrogateescape"),
+        )
         for f in state.files
         if f.status in (PATCHED, PARTIAL)
     ]
@@ -199,7 +206,9 @@ def changes_to_revert(plan: Plan, state: TreeState) -> list[Change]:
 def refuse_if_modified(plan: Plan, state: TreeState) -> None:
     for f in state.files:
         if f.status == MISSING:
-            raise Refusal(f"{f.path} is missing; is this really vLLM {plan.pin.version}?")
+            raise Refusal(
+                f"{f.path} is missing; is this really vLLM {plan.pin.version}?"
+            )
         if f.status == MODIFIED:
             raise Refusal(
                 f"{f.path} is locally modified (matches neither the pristine "

@@ -142,9 +142,11 @@ def download(pin: Pin) -> Path:
     url = sdist_url(pin.version)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
     try:
-        with os.fdopen(fd, "wb") as out:
-            with urllib.request.urlopen(url, timeout=600, context=_ssl_context()) as r:
-                shutil.copyfileobj(r, out, 1 << 20)
+        with (
+            os.fdopen(fd, "wb") as out,
+            urllib.request.urlopen(url, timeout=600, context=_ssl_context()) as r,
+        ):
+            shutil.copyfileobj(r, out, 1 << 20)
         actual = _sha256_of(Path(tmp))
         if actual != pin.sdist_sha256:
             raise Refusal(

@@ -1,6 +1,9 @@
 """The supported vLLM releases (patches/pins.toml)."""
 
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
 from dataclasses import dataclass, field
 from functools import cache
 

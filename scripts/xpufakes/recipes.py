@@ -99,7 +99,9 @@ def edit_xpu_ops(text: str) -> str:
     ]
     # imports: drop TYPE_CHECKING, add the fakes module first among vllm's
     vllm_import = _first_vllm_import(body).lineno - 1
-    lines.insert(vllm_import, "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n")
+    lines.insert(
+        vllm_import, "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n"
+    )
     typing = next(
         (
             n
@@ -152,7 +154,11 @@ def edit_ipex_ops(text: str) -> str:
         "register_ipex_gemm_fakes()\n",
     ]
     logger_import = next(
-        (n for n in body if isinstance(n, ast.ImportFrom) and n.module == "vllm.logger"),
+        (
+            n
+            for n in body
+            if isinstance(n, ast.ImportFrom) and n.module == "vllm.logger"
+        ),
         None,
     )
     if logger_import is None or _first_vllm_import(body) is not logger_import:

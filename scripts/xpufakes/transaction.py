@@ -50,7 +50,9 @@ def writable_or_refuse(changes: list[Change], root: Path) -> None:
             mode = path.stat().st_mode
             if not (mode & 0o222) or not os.access(path, os.W_OK):
                 kind = "directory" if path.is_dir() else "file"
-                raise Refusal(f"{_rel(path, root)}: {kind} is read-only; nothing changed")
+                raise Refusal(
+                    f"{_rel(path, root)}: {kind} is read-only; nothing changed"
+                )
 
 
 def _existing_parent(directory: Path) -> Path:
@@ -75,7 +77,9 @@ def commit(changes: list[Change]) -> None:
                 old, mode = _read(change.path)
                 created = _make_parents(change.path.parent)
                 done.append((change, old, mode, created))
-                _write(change.path, change.data, mode if mode is not None else change.mode)
+                _write(
+                    change.path, change.data, mode if mode is not None else change.mode
+                )
                 _fault(count, pending)
                 if pending:
                     raise Interrupted(pending[0])

@@ -86,7 +86,9 @@ def detect_version(tree: Tree) -> tuple[str, str]:
         if match:
             return match.group(1), "vllm/_version.py"
     for metadata in _metadata_files(tree.root):
-        match = re.search(r"^Version:\s*(\S+)", metadata.read_text(errors="replace"), re.M)
+        match = re.search(
+            r"^Version:\s*(\S+)", metadata.read_text(errors="replace"), re.M
+        )
         if match:
             return match.group(1), str(metadata.relative_to(tree.root))
     raise Refusal(

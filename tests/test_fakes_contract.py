@@ -1,0 +1,475 @@
+"""The canonical fake module (vllm_overlay/vllm/_xpu_gemm_fakes.py) and the
+reference kernels, outside any vLLM tree: the reference math, the output
+layout rule, bad input, kernel-release-dependent checks, registration, and
+negative controls with deliberately wrong fakes.
+
+Forked: fake registrations are process-global.
+"""
+
+import importlib
+import logging
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo.testing
+
+from support import grid, standins
+from xpufakes import paths
+
+pytestmark = pytest.mark.forked
+
+ref = standins.reference()
+
+
+def _fakes():
+    sys.path.insert(0, str(paths.OVERLAY))
+    return importlib.import_module("vllm._xpu_gemm_fakes")
+
+
+def _setup(release: str = "0.1.15.4"):
+    """Stand-ins of a vllm-xpu-kernels release and IPEX, then our fakes."""
+    libraries = [ref.define_xpu_c_kernels(release), ref.define_torch_ipex_kernels()]
+    fakes = _fakes()
+    fakes.register_xpu_gemm_fakes()
+    fakes.register_ipex_gemm_fakes()
+    return libraries, fakes
+
+
+# ---------------------------------------------------------------------------
+# The reference kernels compute the real math
+# ---------------------------------------------------------------------------
+
+
+def _e2m1_value(code: int) -> float:
+    """OCP MX e2m1: sign, 2 exponent bits (bias 1), 1 mantissa bit."""
+    sign = -1.0 if code & 0b1000 else 1.0
+    exponent, mantissa = (code >> 1) & 0b11, code & 0b1
+    if exponent == 0:
+        return sign * 0.5 * mantissa
+    return sign * 2.0 ** (exponent - 1) * (1 + mantissa / 2)
+
+
+def _pack_nibbles(values: torch.Tensor, per_word: int, dtype) -> torch.Tensor:
+    """Pack unsigned 4-bit values along the last dim, the first value in the
+    lowest bits."""
+    groups = values.reshape(*values.shape[:-1], -1, per_word).long()
+    word = torch.zeros(groups.shape[:-1], dtype=torch.int64)
+    for i in range(per_word):
+        word |= groups[..., i] << (4 * i)
+    if dtype == torch.int32:
+        word = torch.where(word >= 2**31, word - 2**32, word)
+    return word.to(dtype)
+
+
+def test_reference_fp8_gemm_w8a16_is_the_dense_product():
+    libraries, _ = _setup()  # noqa: F841
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    w = torch.randn(48, 64).to(torch.float8_e4m3fn)  # [N, K]
+    scale, bias = torch.tensor([0.5]), torch.randn(48, dtype=torch.bfloat16)
+    got = torch.ops._xpu_C.fp8_gemm_w8a16(x.transpose(0, 1), w.t(), scale, bias)
+    expected = torch.einsum("mbk,nk->mbn", x.transpose(0, 1).double(), w.double())
+    expected = (expected * 0.5 + bias.double()).to(torch.bfloat16)
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_reference_fp8_gemm_scales_per_token_and_per_block():
+    libraries, _ = _setup()  # noqa: F841
+    m, k, n, g = 4, 32, 16, 8
+    a = torch.randn(m, k).to(torch.float8_e4m3fn)
+    w = torch.randn(n, k).to(torch.float8_e4m3fn)
+    a_scale = torch.rand(m, k // g) + 0.5
+    w_scale = torch.rand(k // g, n // g) + 0.5
+    got = torch.ops._xpu_C.fp8_gemm(
+        a, w.t(), torch.float16, a_scale, w_scale, torch.empty(0)
+    )
+    expected = torch.zeros(m, n, dtype=torch.float64)
+    for i in range(m):
+        for j in range(n):
+            for kk in range(k):
+                expected[i, j] += (
+                    float(a[i, kk].float())
+                    * float(a_scale[i, kk // g])
+                    * float(w[j, kk].float())
+                    * float(w_scale[kk // g, j // g])
+                )
+    torch.testing.assert_close(got, expected.half(), rtol=1e-2, atol=1e-2)
+
+
+def test_reference_int4_w4a16_unpacks_gptq_nibbles_with_zero_points():
+    libraries, _ = _setup()  # noqa: F841
+    k, n, group = 64, 16, 32
+    q = torch.randint(0, 16, (n, k))  # [N, K] values
+    zeros = torch.randint(0, 16, (k // group, n))
+    scales = torch.rand(k // group, n, dtype=torch.float16) + 0.5
+    packed = _pack_nibbles(q, 8, torch.int32)  # [N, K/8], packed along K
+    packed_zeros = _pack_nibbles(zeros, 8, torch.int32)  # [K/g, N/8]
+    x = torch.randn(3, k, dtype=torch.float16)
+    got = torch.ops._xpu_C.int4_gemm_w4a16(
+        x, packed.t(), None, scales, packed_zeros, group, None
+    )
+    groups = torch.arange(k) // group
+    w = (q.double() - zeros[groups].t().double()) * scales[groups].t().double()
+    torch.testing.assert_close(got, (x.double() @ w.t()).half(), rtol=1e-2, atol=5e-2)
+    # act-order: the kernel permutes the activation's columns by g_idx
+    perm = torch.randperm(k)
+    got = torch.ops._xpu_C.int4_gemm_w4a16(
+        x, packed.t(), None, scales, packed_zeros, group, perm
+    )
+    expected = (x[:, perm].double() @ w.t()).half()
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=5e-2)
+
+
+def test_reference_int4_w4a8_dequantizes_the_activation():
+    libraries, _ = _setup()  # noqa: F841
+    k, n, group = 32, 8, 32
+    q = torch.randint(0, 16, (n, k))
+    scales = torch.rand(1, n, dtype=torch.float16) + 0.5
+    x = torch.randint(-100, 100, (4, k), dtype=torch.int8)
+    x_scale, x_zp = torch.rand(4, 1) + 0.1, torch.randint(-3, 3, (4, 1))
+    sym = torch.tensor([8], dtype=torch.int8)
+    got = torch.ops._xpu_C.int4_gemm_w4a8(
+        x,
+        x_scale,
+        x_zp,
+        _pack_nibbles(q, 8, torch.int32).t(),
+        scales,
+        sym,
+        group,
+        None,
+        None,
+    )
+    assert got.dtype == torch.float16
+    a = (x.double() - x_zp.double()) * x_scale.double()
+    w = (q.double() - 8) * scales.double().t()
+    torch.testing.assert_close(got, (a @ w.t()).half(), rtol=1e-2, atol=1e-1)
+
+
+def test_reference_fp4_gemm_decodes_e2m1_with_e8m0_scales():
+    libraries, _ = _setup()  # noqa: F841
+    m, k, n = 2, 64, 8
+    a_codes, w_codes = torch.randint(0, 16, (m, k)), torch.randint(0, 16, (n, k))
+    a = _pack_nibbles(a_codes, 2, torch.uint8).view(torch.float4_e2m1fn_x2)
+    w = _pack_nibbles(w_codes, 2, torch.uint8).view(torch.float4_e2m1fn_x2)
+    a_exp = torch.randint(125, 130, (m, k // 32), dtype=torch.uint8)
+    w_exp = torch.randint(125, 130, (n, k // 32), dtype=torch.uint8)
+    got = torch.ops._xpu_C.fp4_gemm(
+        a,
+        w.t(),
+        a_exp.view(torch.float8_e8m0fnu),
+        w_exp.view(torch.float8_e8m0fnu),
+        torch.float32 if False else None,
+        None,
+    )
+    value = torch.tensor([_e2m1_value(c) for c in range(16)], dtype=torch.float64)
+    av = value[a_codes] * 2.0 ** (a_exp.double() - 127).repeat_interleave(32, 1)
+    wv = value[w_codes] * 2.0 ** (w_exp.double() - 127).repeat_interleave(32, 1)
+    torch.testing.assert_close(got, (av @ wv.t()).half(), rtol=1e-2, atol=1e-2)
+
+
+def test_reference_ipex_gemm_takes_an_nk_weight_when_trans_b():
+    libraries, _ = _setup()  # noqa: F841
+    x = torch.randn(4, 32, dtype=torch.float16)
+    w = torch.randn(16, 32).to(torch.float8_e5m2)
+    got_t = torch.ops.torch_ipex.fp8_gemm_w8a16(x, w, True, torch.tensor([2.0]), None)
+    got_n = torch.ops.torch_ipex.fp8_gemm_w8a16(
+        x, w.t().contiguous(), False, torch.tensor([2.0]), None
+    )
+    expected = (x.double() @ w.double().t() * 2).half()
+    torch.testing.assert_close(got_t, expected, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got_n, expected, rtol=1e-2, atol=1e-2)
+
+
+# The layout rule, with the examples of kernel-contracts.md §4 (K=8, N=16).
+BF16 = torch.bfloat16
+LAYOUT_EXAMPLES = [
+    (lambda: torch.randn(4, 8, dtype=BF16), (4, 16), (16, 1)),
+    (lambda: torch.randn(2, 4, 8, dtype=BF16), (2, 4, 16), (64, 16, 1)),
+    (lambda: torch.randn(2, 4, 8, dtype=BF16).transpose(0, 1), (4, 2, 16), (16, 64, 1)),
+    (lambda: torch.randn(4, 16, dtype=BF16)[:, :8], (4, 16), (32, 1)),
+]
+
+
+@pytest.mark.parametrize("example", range(len(LAYOUT_EXAMPLES)))
+def test_fake_and_reference_follow_the_documented_layout(example):
+    libraries, _ = _setup()  # noqa: F841
+    make, shape, strides = LAYOUT_EXAMPLES[example]
+    x = make()
+    w = torch.randn(16, 8).to(torch.float8_e4m3fn).t()
+    real = torch.ops._xpu_C.fp8_gemm_w8a16(x, w, None, None)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = torch.ops._xpu_C.fp8_gemm_w8a16(
+            mode.from_tensor(x), mode.from_tensor(w), None, None
+        )
+    for out in (real, fake):
+        assert (tuple(out.shape), out.stride()) == (shape, strides)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: a clear error at trace time, with the kernel's message
+# ---------------------------------------------------------------------------
+
+
+def _fp8(*shape):
+    return torch.randn(*shape).to(torch.float8_e4m3fn)
+
+
+BAD_INPUTS = {
+    "w8a16-wrong-activation-dtype": lambda: (
+        torch.ops._xpu_C.fp8_gemm_w8a16,
+        (torch.randn(4, 64), _fp8(48, 64).t(), None, None),
+    ),
+    "w8a16-wrong-weight-dtype": lambda: (
+        torch.ops._xpu_C.fp8_gemm_w8a16,
+        (torch.randn(4, 64).half(), torch.randn(64, 48).half(), None, None),
+    ),
+    "w8a16-wrong-rank": lambda: (
+        torch.ops._xpu_C.fp8_gemm_w8a16,
+        (torch.randn(2, 2, 4, 64).half(), _fp8(48, 64).t(), None, None),
+    ),
+    "fp8-mismatched-fp8-types": lambda: (
+        torch.ops._xpu_C.fp8_gemm,
+        (_fp8(4, 64), _fp8(48, 64).t().to(torch.float8_e5m2), None, None, None, None),
+    ),
+    "fp8-fp32-output": lambda: (
+        torch.ops._xpu_C.fp8_gemm,
+        (_fp8(4, 64), _fp8(48, 64).t(), torch.float32, None, None, None),
+    ),
+    "fp8-mismatched-batch": lambda: (
+        torch.ops._xpu_C.fp8_gemm,
+        (_fp8(2, 4, 64), _fp8(3, 48, 64).transpose(1, 2), None, None, None, None),
+    ),
+    "fp8-batched-weight-2d-input": lambda: (
+        torch.ops._xpu_C.fp8_gemm,
+        (_fp8(4, 64), _fp8(3, 48, 64).transpose(1, 2), None, None, None, None),
+    ),
+    "fp8-bad-bias": lambda: (
+        torch.ops._xpu_C.fp8_gemm,
+        (_fp8(4, 64), _fp8(48, 64).t(), None, None, None, torch.randn(7)),
+    ),
+    "bmm-2d-input": lambda: (
+        torch.ops._xpu_C.fp8_bmm,
+        (_fp8(4, 64), _fp8(2, 48, 64).transpose(1, 2), None, None, None, None),
+    ),
+    "bmm-mismatched-batch": lambda: (
+        torch.ops._xpu_C.fp8_bmm,
+        (_fp8(2, 4, 64), _fp8(3, 48, 64).transpose(1, 2), None, None, None, None),
+    ),
+    "int4-weight-not-nt": lambda: (
+        torch.ops._xpu_C.int4_gemm_w4a16,
+        (
+            torch.randn(4, 64).half(),
+            torch.zeros(8, 48, dtype=torch.int32),
+            None,
+            torch.ones(2, 48).half(),
+            torch.zeros(2, 6, dtype=torch.int32),
+            32,
+            None,
+        ),
+    ),
+    "w4a8-bad-activation-scale": lambda: (
+        torch.ops._xpu_C.int4_gemm_w4a8,
+        (
+            torch.zeros(4, 64, dtype=torch.int8),
+            torch.ones(4, 2),
+            torch.zeros(4, 2, dtype=torch.int32),
+            torch.zeros(48, 8, dtype=torch.int32).t(),
+            torch.ones(2, 48).half(),
+            torch.zeros(2, 6, dtype=torch.int32),
+            32,
+            None,
+            None,
+        ),
+    ),
+    "fp4-wrong-scale-dtype": lambda: (
+        torch.ops._xpu_C.fp4_gemm,
+        (
+            torch.zeros(4, 32, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+            torch.zeros(48, 32, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).t(),
+            torch.ones(4, 2),
+            torch.ones(48, 2),
+            None,
+            None,
+        ),
+    ),
+    "ipex-3d-input-3d-weight": lambda: (
+        torch.ops.torch_ipex.fp8_gemm_w8a16,
+        (torch.randn(2, 4, 64).half(), _fp8(2, 48, 64), True, None, None),
+    ),
+    "ipex-wrong-rank": lambda: (
+        torch.ops.torch_ipex.fp8_gemm_w8a16,
+        (torch.randn(64).half(), _fp8(48, 64), True, None, None),
+    ),
+}
+
+
+def _message(error: BaseException) -> str:
+    """The kernel's message, without the trailing newline TORCH_CHECK keeps
+    and the INTERNAL ASSERT prefix."""
+    text = str(error).strip().splitlines()[0]
+    return text.removeprefix("INTERNAL ASSERT FAILED: ").strip()
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_fails_at_trace_time_with_the_kernel_message(case):
+    libraries, _ = _setup()  # noqa: F841
+    op, args = BAD_INPUTS[case]()
+    with pytest.raises(RuntimeError) as kernel:
+        op(*args)
+    expected = _message(kernel.value)
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(lambda *a: op(*a), backend=counter, fullgraph=True)
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError) as traced:
+        compiled(*args)
+    assert counter.frame_count == 0  # it failed while tracing
+    assert expected in str(traced.value), (expected, str(traced.value)[:500])
+
+
+def test_zero_k_is_rejected_instead_of_dividing_by_it():
+    libraries, _ = _setup()  # noqa: F841
+    x, w = torch.randn(4, 0).half(), _fp8(48, 0).t()
+    compiled = torch.compile(
+        lambda a, b: torch.ops._xpu_C.fp8_gemm_w8a16(a, b, None, None), fullgraph=True
+    )
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=r"\(K\) is 0"):
+        compiled(x, w)
+
+
+# ---------------------------------------------------------------------------
+# Checks that depend on the vllm-xpu-kernels release in use
+# ---------------------------------------------------------------------------
+
+
+def _install_metadata(tmp_path: Path, version: str) -> None:
+    """Make importlib.metadata see vllm_xpu_kernels <version> installed."""
+    info = tmp_path / f"vllm_xpu_kernels-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm_xpu_kernels\nVersion: {version}\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+
+
+@pytest.mark.parametrize("kernels,rejects", [("0.1.12", False), ("0.1.13.2", True)])
+def test_scale_contiguity_is_checked_from_0_1_13(tmp_path, kernels, rejects):
+    _install_metadata(tmp_path, kernels)
+    libraries, fakes = _setup(kernels)  # noqa: F841
+    assert fakes._xpu_kernels_version() == ref.parse_version(kernels)
+    x, w = torch.randn(4, 64).half(), _fp8(48, 64).t()
+    scale = torch.rand(48, 2).t()[0]  # a non-contiguous per-channel scale
+    compiled = torch.compile(
+        lambda a, b, s: torch.ops._xpu_C.fp8_gemm_w8a16(a, b, s, None),
+        fullgraph=True,
+        backend="eager",
+    )
+    if rejects:
+        with pytest.raises(
+            torch._dynamo.exc.TorchRuntimeError,
+            match="B_scale must be contiguous for fp8 matmul",
+        ):
+            compiled(x, w, scale)
+        with pytest.raises(RuntimeError, match="B_scale must be contiguous"):
+            torch.ops._xpu_C.fp8_gemm_w8a16(x, w, scale, None)
+    else:
+        torch.testing.assert_close(
+            compiled(x, w, scale), torch.ops._xpu_C.fp8_gemm_w8a16(x, w, scale, None)
+        )
+
+
+def test_batched_weights_are_rejected_before_0_1_11(tmp_path):
+    _install_metadata(tmp_path, "0.1.10.1")
+    libraries, fakes = _setup("0.1.10.1")  # noqa: F841
+    x, w = _fp8(2, 4, 64), _fp8(2, 48, 64).transpose(1, 2)
+    compiled = torch.compile(
+        lambda a, b: torch.ops._xpu_C.fp8_gemm(a, b, None, None, None, None),
+        fullgraph=True,
+    )
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match="only support 2D"):
+        compiled(x, w)
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+def test_registration_skips_absent_ops_and_never_raises():
+    fakes = _fakes()  # no stand-ins: no _xpu_C or torch_ipex op exists
+    assert fakes.register_xpu_gemm_fakes() == []
+    assert fakes.register_ipex_gemm_fakes() == []
+
+
+def test_ipex_fake_is_registered_once_ipex_defines_the_op():
+    fakes = _fakes()
+    assert fakes.register_ipex_gemm_fakes() == []
+    library = ref.define_torch_ipex_kernels()  # noqa: F841 - "import IPEX"
+    assert fakes.register_ipex_gemm_fakes() == ["torch_ipex::fp8_gemm_w8a16.xpu"]
+
+
+def test_registering_twice_is_harmless():
+    libraries, fakes = _setup()  # noqa: F841
+    first = fakes.register_xpu_gemm_fakes()
+    assert fakes.register_xpu_gemm_fakes() == first
+    assert len(first) == len(fakes.XPU_GEMM_FAKES)
+
+
+def test_a_schema_mismatch_is_logged_and_skipped(caplog):
+    """An older, never-released form of the op (with trans_B) gets no fake."""
+    library = torch.library.Library("_xpu_C", "FRAGMENT")
+    library.define(
+        "fp8_gemm_w8a16(Tensor! A, Tensor! B, bool trans_B, Tensor? B_scale_, "
+        "Tensor? bias_) -> Tensor"
+    )
+    fakes = _fakes()
+    with caplog.at_level(logging.WARNING):
+        assert fakes.register_xpu_gemm_fakes() == []
+    assert "Not registering a fake for _xpu_C::fp8_gemm_w8a16" in caplog.text
+
+
+def test_the_fakes_expect_the_schemas_the_kernels_register():
+    """The schemas the fakes are written for are the reference's (copied
+    verbatim from the kernels' sources), as torch prints them."""
+    libraries, fakes = _setup()  # noqa: F841
+    for qualname, spec in {**fakes.XPU_GEMM_FAKES, **fakes.IPEX_GEMM_FAKES}.items():
+        op = fakes._find_overload(qualname)
+        assert str(op._schema) == spec.schema
+
+
+# ---------------------------------------------------------------------------
+# Negative controls: the grid catches wrong fakes
+# ---------------------------------------------------------------------------
+
+
+def _flattening_fake(A, B, B_scale, bias):  # vLLM's: 2-D, contiguous
+    return A.new_empty((A.numel() // A.shape[-1], B.shape[-1]))
+
+
+def _contiguous_fake(A, B, B_scale, bias):  # right shape, contiguous strides
+    return A.new_empty((*A.shape[:-1], B.shape[-1]))
+
+
+def _fp32_fake(A, B, out_dtype, A_scale, B_scale, bias):  # default dtype
+    return A.new_empty((*A.shape[:-1], B.shape[-1]), dtype=out_dtype or torch.float32)
+
+
+@pytest.mark.parametrize(
+    "op,wrong,expected",
+    [
+        ("fp8_gemm_w8a16", _flattening_fake, r"fp8_gemm_w8a16-3d-.*"),
+        ("fp8_gemm_w8a16", _contiguous_fake, r"fp8_gemm_w8a16-(3d-mbk|row-sliced)-.*"),
+        ("fp8_gemm", _fp32_fake, r"fp8_gemm-.*-out_dtype-None-.*"),
+    ],
+    ids=["flattened", "contiguous-strides", "fp32-default"],
+)
+def test_the_grid_catches_a_wrong_fake(op, wrong, expected):
+    libraries, _ = _setup()  # noqa: F841
+    override = torch.library.Library("_xpu_C", "FRAGMENT")
+    torch.library.register_fake(f"_xpu_C::{op}", wrong, lib=override)
+    failed = grid.failures(grid.run([c for c in grid.cases() if c.name == op]))
+    matching = [case for case in failed if re.fullmatch(expected, case)]
+    assert matching, failed
+    assert all("test_faketensor" in failed[c] for c in matching)

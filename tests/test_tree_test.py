@@ -1,0 +1,68 @@
+"""`make test-tree`: the upstream-style test the series ships into vLLM's
+tests/ tree, run inside a patched release with that release's dependencies
+(.venv-tree, which `make test` sets up) and vLLM's own
+tests/kernels/utils.py::opcheck, against the CPU reference kernels."""
+
+import re
+import subprocess
+
+import pytest
+
+from support import releases
+from xpufakes import paths
+
+TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
+RELEASE = "0.33.0"
+
+pytestmark = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
+
+
+def _make_test_tree(tree, args: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            "make",
+            "-s",
+            "test-tree",
+            f"VLLM={tree}",
+            f"PYTHON={TREE_PYTHON}",
+            f"ARGS={args}",
+        ],
+        cwd=paths.REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+def test_in_tree_test_passes_on_a_patched_release(tmp_path):
+    tree = releases.copy_of(RELEASE, tmp_path / "vllm-src")
+    releases.apply(tree)
+    result = _make_test_tree(tree, "-rA")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"vLLM {RELEASE} (vllm/_version.py)" in result.stdout
+    passed = re.findall(r"^PASSED .*\[(cpu-reference-[^\]]+)\]", result.stdout, re.M)
+    assert len(passed) > 400, result.stdout[-2000:]
+
+
+def test_in_tree_test_fails_with_a_wrong_fake(tmp_path):
+    """Negative control: the same test on a tree whose fake returns
+    contiguous strides (right shape) fails."""
+    tree = releases.copy_of(RELEASE, tmp_path / "vllm-src")
+    releases.apply(tree)
+    fakes = tree / "vllm" / "_xpu_gemm_fakes.py"
+    text = fakes.read_text()
+    rule = "strides = (*(s // k * n for s in A.stride()[:-1]), A.stride(-1))"
+    assert rule in text
+    fakes.write_text(text.replace(rule, "strides = (*A.shape[:-1], n)[1:] + (1,)"))
+    result = _make_test_tree(tree, "-x -k fp8_gemm_w8a16-row-sliced")
+    assert result.returncode != 0
+    assert "Stride mismatch" in result.stdout, result.stdout[-3000:]
+
+
+def test_an_unpatched_tree_has_no_test_to_run(tmp_path):
+    tree = releases.copy_of(RELEASE, tmp_path / "vllm-src")
+    result = _make_test_tree(tree)
+    assert result.returncode != 0  # make turns the tool's 1 into its own 2
+    assert "run make apply first" in result.stderr
