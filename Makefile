@@ -13,7 +13,7 @@ PYTEST = $(VENV_PYTHON) -m pytest
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status fetch fetch-all pins refresh test \
+.PHONY: help apply check revert status fetch fetch-all pins refresh export stage test \
 	test-all test-tree venv venv-tree lint need-vllm need-pin
 
 help:  ## list the verbs
@@ -49,6 +49,13 @@ pins:  ## list the supported releases and their series
 
 refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 	@$(TOOL) refresh
+
+export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version]
+	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
+	@$(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
+
+stage: need-vllm  ## commit the series on a new branch of a git checkout (VLLM=path [BRANCH=name])
+	@$(TOOL) stage "$(VLLM)" $(if $(BRANCH),--branch "$(BRANCH)")
 
 venv: $(VENV)/.installed
 

@@ -4,6 +4,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from . import engine, fetch, pins, recipes, series, transaction, tree
 from .errors import INTERRUPTED, OK, USAGE, Refusal
@@ -159,6 +160,26 @@ def cmd_test_tree(args) -> int:
     return subprocess.run(command, cwd=plan.tree.root, env=env).returncode
 
 
+def cmd_export(args) -> int:
+    from . import export
+
+    written = export.export(Path(args.out), args.pin or None)
+    for name, files in written.items():
+        print(f"{name}: {len(files)} patch(es)")
+    print(f"exported to {args.out}")
+    return OK
+
+
+def cmd_stage(args) -> int:
+    from . import stage
+
+    branch, commits, description = stage.stage(args.vllm, args.branch or None)
+    print(f"branch {branch}: {len(commits)} commit(s), {commits[-1][:12]}")
+    print()
+    print(description)
+    return OK
+
+
 def cmd_refresh(args) -> int:
     from . import authoring
 
@@ -189,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
 
     sub = verbs.add_parser("pins", help="list the supported releases")
     sub.set_defaults(func=cmd_pins)
+
+    sub = verbs.add_parser("export", help="write a plain series for quilt / git am")
+    sub.add_argument("out", metavar="OUT")
+    sub.add_argument("--pin", metavar="RELEASE", help="one release (default: all)")
+    sub.set_defaults(func=cmd_export)
+
+    sub = verbs.add_parser("stage", help="commit the series on a new branch")
+    sub.add_argument("vllm", metavar="VLLM", help="a vLLM git checkout")
+    sub.add_argument("--branch", help="branch name (default xpu-gemm-fakes-<release>)")
+    sub.set_defaults(func=cmd_stage)
 
     sub = verbs.add_parser(
         "test-tree", help="run the fakes' tests inside a patched vLLM tree"
