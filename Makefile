@@ -13,7 +13,7 @@ PYTEST = $(VENV_PYTHON) -m pytest
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status fetch fetch-all pins refresh export stage test \
+.PHONY: help apply check revert status fetch fetch-all pins refresh export stage verify-xpu audit test \
 	test-all test-tree venv venv-tree lint need-vllm need-pin
 
 help:  ## list the verbs
@@ -56,6 +56,12 @@ export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=versi
 
 stage: need-vllm  ## commit the series on a new branch of a git checkout (VLLM=path [BRANCH=name])
 	@$(TOOL) stage "$(VLLM)" $(if $(BRANCH),--branch "$(BRANCH)")
+
+verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
+	@$(TOOL) verify-xpu $(if $(VLLM),--vllm "$(VLLM)") $(ARGS)
+
+audit: need-vllm venv  ## XPU ops in traced code and whether their fakes conform (VLLM=path)
+	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes audit "$(VLLM)" $(ARGS)
 
 venv: $(VENV)/.installed
 

@@ -24,13 +24,21 @@ def selected_releases(config) -> list[str]:
     return releases.representative()
 
 
+def sample_releases(config) -> list[str]:
+    if config.getoption("--all-releases"):
+        return releases.all_releases()
+    return releases.era_examples()
+
+
 def pytest_generate_tests(metafunc):
-    """A test that takes `release` runs for each selected release; one that
-    takes `release_of_era` for each selected release of that era (the test
-    module sets ERA)."""
+    """`release`: every series' first release and each era's last (all with
+    --all-releases); `sample_release`: a few releases of each era (all);
+    `ipex_release` / `kernels_release`: the `release` set of one era."""
     chosen = selected_releases(metafunc.config)
     if "release" in metafunc.fixturenames:
         metafunc.parametrize("release", chosen)
+    if "sample_release" in metafunc.fixturenames:
+        metafunc.parametrize("sample_release", sample_releases(metafunc.config))
     if "ipex_release" in metafunc.fixturenames:
         metafunc.parametrize(
             "ipex_release", [v for v in chosen if releases.era(v) == "ipex"]

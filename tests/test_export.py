@@ -23,9 +23,9 @@ def _without(hashes: dict, *prefixes: str) -> dict:
 
 
 @pytest.fixture
-def exported(release, tmp_path):
+def exported(sample_release, tmp_path):
     out = tmp_path / "export"
-    result = tool.run("export", str(out), "--pin", release)
+    result = tool.run("export", str(out), "--pin", sample_release)
     assert result.returncode == 0, result.stderr
     names = (out / "series").read_text().split()
     assert names and all((out / n).is_file() for n in names)
@@ -33,15 +33,15 @@ def exported(release, tmp_path):
 
 
 @pytest.fixture
-def applied(release, tmp_path):
-    tree = releases.copy_of(release, tmp_path / "by-make-apply")
+def applied(sample_release, tmp_path):
+    tree = releases.copy_of(sample_release, tmp_path / "by-make-apply")
     releases.apply(tree)
     return releases.file_hashes(tree)
 
 
-def test_export_applies_with_patch(release, exported, applied, tmp_path):
+def test_export_applies_with_patch(sample_release, exported, applied, tmp_path):
     out, names = exported
-    tree = releases.copy_of(release, tmp_path / "by-patch")
+    tree = releases.copy_of(sample_release, tmp_path / "by-patch")
     for name in names:
         subprocess.run(
             [
@@ -61,9 +61,9 @@ def test_export_applies_with_patch(release, exported, applied, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("quilt") is None, reason="quilt is not installed")
-def test_export_applies_with_quilt(release, exported, applied, tmp_path):
+def test_export_applies_with_quilt(sample_release, exported, applied, tmp_path):
     out, _ = exported
-    tree = releases.copy_of(release, tmp_path / "by-quilt")
+    tree = releases.copy_of(sample_release, tmp_path / "by-quilt")
     env = dict(os.environ, QUILT_PATCHES=str(out), QUILTRC="-")
     result = subprocess.run(
         ["quilt", "push", "-a", "--fuzz=0"],
@@ -76,13 +76,13 @@ def test_export_applies_with_quilt(release, exported, applied, tmp_path):
     assert _without(releases.file_hashes(tree), ".pc/") == applied
 
 
-def test_export_applies_with_git_am(release, exported, applied, tmp_path):
+def test_export_applies_with_git_am(sample_release, exported, applied, tmp_path):
     out, names = exported
-    tree = releases.copy_of(release, tmp_path / "by-git-am")
+    tree = releases.copy_of(sample_release, tmp_path / "by-git-am")
     for command in (
         ["git", "init", "-q"],
         ["git", "add", "-A"],
-        ["git", "commit", "-q", "-m", f"vLLM {release}"],
+        ["git", "commit", "-q", "-m", f"vLLM {sample_release}"],
         ["git", "am", "-q", *[str(out / n) for n in names]],
     ):
         result = subprocess.run(

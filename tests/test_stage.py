@@ -10,7 +10,7 @@ from test_tool import _checkout_like
 from support import releases, tool
 from xpufakes import pins, series
 
-RELEASE = "0.33.0"
+RELEASE = "0.10.2"  # the smallest tree: staging does not depend on the release
 
 
 def _git(root, *args) -> str:

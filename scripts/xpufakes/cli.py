@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from . import engine, fetch, pins, recipes, series, transaction, tree
-from .errors import INTERRUPTED, OK, USAGE, Refusal
+from .errors import INTERRUPTED, OK, REFUSED, USAGE, Refusal
 
 
 def _plan(path: str) -> tuple[engine.Plan, str]:
@@ -180,6 +180,31 @@ def cmd_stage(args) -> int:
     return OK
 
 
+def cmd_verify_xpu(args) -> int:
+    from . import verify
+
+    vllm = Path(args.vllm) if args.vllm else None
+    if vllm is not None:
+        vllm = tree.locate(str(vllm)).root
+    results = verify.run(vllm, args.standins, full=not args.quick)
+    if args.json_out:
+        Path(args.json_out).write_text(verify.to_json(results))
+    print(verify.to_json(results) if args.json else verify.table(results))
+    return OK if results and all(r.ok for r in results) else REFUSED
+
+
+def cmd_audit(args) -> int:
+    from . import audit
+
+    found, kernels, reports = audit.audit(args.vllm, dynamic=not args.static)
+    print(
+        audit.to_json(found, kernels, reports)
+        if args.json
+        else audit.table(found, kernels, reports)
+    )
+    return REFUSED if any(r.failing for r in reports) else OK
+
+
 def cmd_refresh(args) -> int:
     from . import authoring
 
@@ -220,6 +245,28 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_argument("vllm", metavar="VLLM", help="a vLLM git checkout")
     sub.add_argument("--branch", help="branch name (default xpu-gemm-fakes-<release>)")
     sub.set_defaults(func=cmd_stage)
+
+    sub = verbs.add_parser(
+        "verify-xpu", help="opcheck the registered fakes against the real kernels"
+    )
+    sub.add_argument(
+        "--vllm", help="a vLLM tree to import (default: the installed one)"
+    )
+    sub.add_argument(
+        "--standins",
+        metavar="KERNELS",
+        help='run on the CPU against stand-ins, e.g. "vllm-xpu-kernels 0.1.15.4"',
+    )
+    sub.add_argument("--quick", action="store_true", help="a covering subset of cases")
+    sub.add_argument("--json", action="store_true")
+    sub.add_argument("--json-out", metavar="FILE", help="also write the JSON here")
+    sub.set_defaults(func=cmd_verify_xpu)
+
+    sub = verbs.add_parser("audit", help="XPU ops in traced code and their fakes")
+    sub.add_argument("vllm", metavar="VLLM", help="path to the vLLM tree")
+    sub.add_argument("--json", action="store_true")
+    sub.add_argument("--static", action="store_true", help="skip loading the fakes")
+    sub.set_defaults(func=cmd_audit)
 
     sub = verbs.add_parser(
         "test-tree", help="run the fakes' tests inside a patched vLLM tree"

@@ -1,0 +1,547 @@
+"""`make audit`: which XPU custom ops a vLLM tree calls in code that
+torch.compile traces, and whether each has a conformant fake.
+
+Static part (any tree, pinned or not): every call of `torch.ops._xpu_C.<op>`
+and `torch.ops.torch_ipex.<op>` in vllm/, and every call of a helper
+function or method that wraps one (e.g. `ops.fp8_gemm_w8a16(...)` through
+`vllm._ipex_ops.ipex_ops`), with the context it is in:
+
+* traced -- a quantized linear method's `apply*`, a model's `forward`, or
+  another function of the forward pass;
+* traced if the custom op is enabled -- a `CustomOp.forward_xpu` body (off by
+  default under Inductor, where vLLM uses `forward_native`);
+* opaque -- inside a function vLLM registers as its own custom op
+  (`direct_register_custom_op(op_func=...)`, `@custom_op`): Dynamo sees the
+  wrapper op, not the body;
+* not traced -- weight loading and set-up (`process_weights_after_loading`,
+  `create_weights`, `__init__`, weight loaders, module level).
+
+Dynamic part: the tree's own registering module is imported in a separate
+process against the stand-in kernels (`verify-xpu --standins`), which says
+for each GEMM whether a fake is registered and whether it passes the opcheck
+grid. Ops without a reference kernel are reported by whether the tree
+registers a fake for them at all (`register_fake("<ns>::<op>")`); ops whose
+schema is not in data/op_schemas.toml are reported as unknown.
+"""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
+
+from . import pins, tree
+from .errors import Refusal
+
+NAMESPACES = ("_xpu_C", "torch_ipex")
+SCHEMAS = Path(__file__).with_name("data") / "op_schemas.toml"
+
+TRACED, IF_ENABLED, OPAQUE, NOT_TRACED, OTHER_PLATFORM, HELPER = (
+    "traced",
+    "traced if the custom op is enabled",
+    "opaque",
+    "not traced",
+    "another platform's path",
+    "helper: see its callers",
+)
+_OTHER_PLATFORMS = {
+    "forward_cuda",
+    "forward_hip",
+    "forward_cpu",
+    "forward_tpu",
+    "forward_hpu",
+    "forward_oot",
+    "forward_neuron",
+}
+_SETUP_NAMES = re.compile(
+    r"^(__init__|process_weights_after_loading|_?process_weights.*|create_weights"
+    r"|load_weights|.*weight_loader.*)$"
+)
+
+
+@dataclass
+class CallSite:
+    file: str
+    line: int
+    function: str  # dotted: Class.method, or <module>
+    context: str
+    via: str = ""  # the helper called, for indirect calls
+    module: str = ""
+
+
+@dataclass
+class OpReport:
+    op: str
+    schema: str | None
+    returns_tensor: bool | None  # None: unknown schema
+    sites: list[CallSite] = field(default_factory=list)
+    fake: str = "none"  # "registered", "declared in source", "none"
+    conforms: bool | None = None  # None: not checked (no reference kernel)
+    detail: str = ""
+
+    @property
+    def traced(self) -> bool:
+        return any(s.context == TRACED for s in self.sites)
+
+    @property
+    def verdict(self) -> str:
+        if not self.sites or not any(
+            s.context in (TRACED, IF_ENABLED) for s in self.sites
+        ):
+            return "not traced"
+        if self.returns_tensor is None:
+            return "unknown schema"
+        if not self.returns_tensor:
+            return "ok (no tensor returned)"
+        if self.fake == "none":
+            return "FAIL: no fake" if self.traced else "warn: no fake"
+        if self.conforms is False:
+            return (
+                "FAIL: fake does not conform"
+                if self.traced
+                else "warn: fake does not conform"
+            )
+        if self.conforms is None:
+            return "unverified fake"
+        return "ok"
+
+    @property
+    def failing(self) -> bool:
+        return self.verdict.startswith("FAIL")
+
+
+def _schemas() -> dict[str, str]:
+    """op -> schema; an op is also found by its name without the overload
+    (IPEX's ops have only the "xpu" one, which a call without it resolves to)."""
+    data = tomllib.loads(SCHEMAS.read_text())
+    schemas = {}
+    for ns, ops in data.items():
+        for name, schema in ops.items():
+            schemas[f"{ns}::{name}"] = schema
+            schemas.setdefault(f"{ns}::{name.split('.')[0]}", schema)
+    return schemas
+
+
+def _returns_tensor(schema: str) -> bool:
+    returns = schema.rsplit("->", 1)[1]
+    return "Tensor" in returns
+
+
+# ---------------------------------------------------------------------------
+# Static scan
+# ---------------------------------------------------------------------------
+
+
+def _dotted(node: ast.expr) -> str:
+    """'a.b.c' for a Name/Attribute chain, else ''."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _op_of(node: ast.expr) -> str | None:
+    """'ns::op' (or 'ns::op.overload') for torch.ops.<ns>.<op>[.<overload>]."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    parts.reverse()
+    if parts[:2] != ["torch", "ops"] or len(parts) < 4 or parts[2] not in NAMESPACES:
+        return None
+    op = f"{parts[2]}::{parts[3]}"
+    if len(parts) == 5 and parts[4] != "default":
+        op += f".{parts[4]}"
+    return op
+
+
+@dataclass
+class _Function:
+    module: str  # dotted module name
+    qualname: str  # Class.method or function
+    node: ast.AST
+    opaque: bool = False
+
+
+class _ModuleScan(ast.NodeVisitor):
+    """Functions, op calls, helper calls and imports of one module."""
+
+    def __init__(self, module: str, path: str):
+        self.module = module
+        self.path = path
+        self.stack: list[str] = []
+        self.class_bases: list[list[str]] = []
+        self.functions: dict[str, _Function] = {}
+        self.op_calls: list[tuple[str, int, str]] = []  # (op, line, function)
+        self.calls: list[tuple[ast.Call, int, str]] = []  # every call, for helpers
+        self.imports: dict[str, str] = {}  # local name -> dotted target
+        self.opaque_names: set[str] = set()
+        self.fakes_declared: set[str] = set()
+
+    def _where(self) -> str:
+        return ".".join(self.stack) or "<module>"
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            self.imports[alias.asname or alias.name.split(".")[0]] = alias.name
+
+    def visit_ImportFrom(self, node):
+        base = node.module or ""
+        if node.level:
+            package = self.module.rsplit(".", node.level)[0]
+            base = f"{package}.{base}" if base else package
+        for alias in node.names:
+            self.imports[alias.asname or alias.name] = f"{base}.{alias.name}"
+
+    def visit_ClassDef(self, node):
+        self.stack.append(node.name)
+        self.class_bases.append([ast.unparse(b) for b in node.bases])
+        self.generic_visit(node)
+        self.class_bases.pop()
+        self.stack.pop()
+
+    def _visit_function(self, node):
+        self.stack.append(node.name)
+        qualname = ".".join(self.stack)
+        names = [
+            _dotted(d.func if isinstance(d, ast.Call) else d)
+            for d in node.decorator_list
+        ]
+        opaque = any("custom_op" in n or "register_fake" in n for n in names)
+        self.functions[qualname] = _Function(self.module, qualname, node, opaque)
+        for decorator in node.decorator_list:
+            if isinstance(decorator, ast.Call) and "register_fake" in _dotted(
+                decorator.func
+            ):
+                for arg in decorator.args[:1]:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        self.fakes_declared.add(arg.value)
+        self.generic_visit(node)
+        self.stack.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _visit_function
+
+    def visit_Call(self, node):
+        op = _op_of(node.func)
+        if op:
+            self.op_calls.append((op, node.lineno, self._where()))
+        else:
+            self.calls.append((node, node.lineno, self._where()))
+        func = _dotted(node.func)
+        if func.endswith("direct_register_custom_op") or func.endswith(
+            "register_custom_op"
+        ):
+            for keyword in node.keywords:
+                if keyword.arg in ("op_func", "fake_impl") and isinstance(
+                    keyword.value, ast.Name
+                ):
+                    self.opaque_names.add(keyword.value.id)
+            if len(node.args) >= 2 and isinstance(node.args[1], ast.Name):
+                self.opaque_names.add(node.args[1].id)
+        if func.endswith("register_fake") or func.endswith("impl_abstract"):
+            for arg in node.args[:1]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    self.fakes_declared.add(arg.value)
+        self.generic_visit(node)
+
+
+def _context(scan: _ModuleScan, function: str) -> str:
+    """The context of code in `function` (dotted) of a module."""
+    if function == "<module>":
+        return NOT_TRACED
+    parts = function.split(".")
+    for i in range(len(parts), 0, -1):
+        qualname = ".".join(parts[:i])
+        f = scan.functions.get(qualname)
+        if f is not None and (f.opaque or parts[i - 1] in scan.opaque_names):
+            return OPAQUE
+    name = parts[-1]
+    if _SETUP_NAMES.match(name):
+        return NOT_TRACED
+    if name in _OTHER_PLATFORMS:
+        return OTHER_PLATFORM
+    if name == "forward_xpu":
+        return IF_ENABLED
+    return TRACED
+
+
+def _module_name(root: Path, path: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def scan_tree(root: Path) -> tuple[dict[str, list[CallSite]], set[str]]:
+    """op -> call sites in vllm/, and the ops the source registers fakes for
+    with a literal name."""
+    texts: dict[Path, str] = {}
+    for path in sorted((root / "vllm").rglob("*.py")):
+        try:
+            texts[path] = path.read_text(errors="replace")
+        except OSError:
+            continue
+    scans: dict[str, _ModuleScan] = {}
+
+    def scan(path: Path) -> None:
+        module = _module_name(root, path)
+        if module in scans:
+            return
+        result = _ModuleScan(module, str(path.relative_to(root)))
+        try:
+            result.visit(ast.parse(texts[path]))
+        except SyntaxError:
+            return
+        scans[module] = result
+
+    # Modules that name an op namespace, then (a few levels) the modules that
+    # mention a module defining a helper.
+    for path, text in texts.items():
+        if any(ns in text for ns in NAMESPACES):
+            scan(path)
+    for _ in range(3):
+        names = {m.rsplit(".", 1)[-1] for m, s in scans.items() if s.op_calls}
+        for path, text in texts.items():
+            if any(name in text for name in names):
+                scan(path)
+
+    sites: dict[str, list[CallSite]] = {}
+    helpers: dict[tuple[str, str], set[str]] = {}  # (module, qualname) -> ops
+    for scan in scans.values():
+        for op, line, function in scan.op_calls:
+            context = _context(scan, function)
+            sites.setdefault(op, []).append(
+                CallSite(scan.path, line, function, context, module=scan.module)
+            )
+            if context in (TRACED, IF_ENABLED) and function != "<module>":
+                helpers.setdefault((scan.module, function), set()).add(op)
+
+    # Calls of helpers (functions and methods that call an op), followed
+    # through imports, a few levels deep.
+    seen: set[tuple[str, str]] = set()
+    for _ in range(3):
+        new: dict[tuple[str, str], set[str]] = {}
+        for scan in scans.values():
+            for call, line, function in scan.calls:
+                target = _resolve(scan, call.func, scans)
+                if (
+                    target is None
+                    or target not in helpers
+                    or target
+                    == (
+                        scan.module,
+                        function,
+                    )
+                ):
+                    continue
+                key = (scan.module, function, line, target)
+                if key in seen:  # (module, function, line, target)
+                    continue
+                seen.add(key)
+                context = _context(scan, function)
+                via = f"{target[0]}.{target[1]}"
+                for op in helpers[target]:
+                    sites.setdefault(op, []).append(
+                        CallSite(scan.path, line, function, context, via, scan.module)
+                    )
+                    if context in (TRACED, IF_ENABLED) and function != "<module>":
+                        new.setdefault((scan.module, function), set()).add(op)
+        for key, ops in new.items():
+            helpers.setdefault(key, set()).update(ops)
+    # A helper's own call of an op (or of another helper) is traced only if
+    # its callers are: label it, and let the callers' contexts count.
+    called = {target for (_, _, _, target) in seen}
+    for op_sites in sites.values():
+        for site in op_sites:
+            if (site.module, site.function) in called:
+                site.context = HELPER
+    declared = set().union(*(s.fakes_declared for s in scans.values()))
+    return sites, declared
+
+
+def _resolve(
+    scan: _ModuleScan, func: ast.expr, scans: dict[str, "_ModuleScan"]
+) -> tuple[str, str] | None:
+    """(module, qualname) of the function a call expression names, when it
+    can be told from the module's imports and definitions."""
+    if isinstance(func, ast.Name):
+        if func.id in scan.functions:
+            return scan.module, func.id
+        target = scan.imports.get(func.id)
+        return _split(target, scans) if target else None
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        base = func.value.id
+        if base in scan.functions or f"{base}.{func.attr}" in scan.functions:
+            return scan.module, f"{base}.{func.attr}"
+        target = scan.imports.get(base)
+        if target:
+            return _split(f"{target}.{func.attr}", scans)
+    return None
+
+
+def _split(dotted: str, scans: dict[str, "_ModuleScan"]) -> tuple[str, str] | None:
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:i])
+        if module in scans:
+            return module, ".".join(parts[i:])
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Dynamic part and report
+# ---------------------------------------------------------------------------
+
+
+def kernels_of(found: tree.Tree) -> str:
+    """The stand-in kernels for a tree: its requirements/xpu.txt, else its
+    pin, else the newest release of the kernel package its era uses."""
+    requirements = found.root / "requirements" / "xpu.txt"
+    if requirements.is_file():
+        text = requirements.read_text()
+        match = re.search(r"vllm[_-]xpu[_-]kernels(?:==|.*?-)(\d+(?:\.\d+)+)", text)
+        if match:
+            return f"vllm-xpu-kernels {match.group(1)}"
+        if "intel-extension-for-pytorch" in text or "intel_extension" in text:
+            return "intel-extension-for-pytorch xpu"
+    try:
+        version, _ = tree.detect_version(found)
+        return pins.load().get(version).kernels
+    except Refusal:
+        pass
+    if (found.root / "vllm" / "_xpu_ops.py").is_file():
+        from .loading import newest_xpu_kernels
+
+        return f"vllm-xpu-kernels {newest_xpu_kernels()}"
+    return "intel-extension-for-pytorch xpu"
+
+
+def check_fakes(root: Path, kernels: str) -> dict[str, dict]:
+    """op -> verify-xpu's result for it, from a separate process (vLLM's
+    logging may write to stdout, so the result comes through a file)."""
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(work) / "verify.json"
+        command = [
+            sys.executable,
+            "-m",
+            "xpufakes",
+            "verify-xpu",
+            "--vllm",
+            str(root),
+            "--standins",
+            kernels,
+            "--quick",
+            "--json-out",
+            str(out),
+        ]
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        if result.returncode not in (0, 1) or not out.is_file():
+            tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise Refusal(f"cannot load the tree's fakes against the stand-ins: {tail}")
+        return {entry["op"]: entry for entry in json.loads(out.read_text())}
+
+
+def audit(path: str, dynamic: bool = True) -> tuple[tree.Tree, str, list[OpReport]]:
+    found = tree.locate(path)
+    sites, declared = scan_tree(found.root)
+    schemas = _schemas()
+    kernels = kernels_of(found)
+    checked = check_fakes(found.root, kernels) if dynamic else {}
+    reports = []
+    for op in sorted(sites):
+        schema = schemas.get(op)
+        key = (
+            op
+            if op in checked
+            else next((k for k in checked if k.split(".")[0] == op.split(".")[0]), None)
+        )
+        report = OpReport(op, schema, _returns_tensor(schema) if schema else None)
+        report.sites = sorted(sites[op], key=lambda s: (s.file, s.line))
+        if key is not None:
+            result = checked[key]
+            report.fake = result["fake"]
+            report.conforms = result["ok"]
+            if result["failures"]:
+                case, why = next(iter(result["failures"].items()))
+                total = result["passed"] + result["failed"]
+                report.detail = (
+                    f"{result['failed']} of {total} cases fail, e.g. {case}: {why}"
+                )
+        elif any(d.split(".")[0] == op.split(".")[0] for d in declared):
+            report.fake = "declared in source"
+        reports.append(report)
+    return found, kernels, reports
+
+
+def table(found: tree.Tree, kernels: str, reports: list[OpReport]) -> str:
+    lines = [f"vLLM tree {found.root} ({found.shape}); stand-in kernels: {kernels}", ""]
+    for r in reports:
+        returns = {
+            True: "returns a tensor",
+            False: "returns no tensor",
+            None: "schema unknown",
+        }
+        lines.append(f"{r.op}: {r.verdict}")
+        lines.append(
+            f"  {returns[r.returns_tensor]}; fake: {r.fake}"
+            + (
+                ""
+                if r.conforms is None
+                else f"; conforms: {'yes' if r.conforms else 'no'}"
+            )
+        )
+        if r.detail:
+            lines.append(f"  {r.detail[:200]}")
+        for s in r.sites:
+            via = f" via {s.via}" if s.via else ""
+            lines.append(f"    {s.file}:{s.line} {s.function}{via} [{s.context}]")
+    failing = [r.op for r in reports if r.failing]
+    lines.append("")
+    if failing:
+        lines.append(
+            f"FAIL: {len(failing)} traced op(s) without a conformant fake: "
+            + ", ".join(failing)
+        )
+    else:
+        lines.append(
+            "OK: every traced tensor-returning op has a conformant fake "
+            f"({len(reports)} ops seen)"
+        )
+    return "\n".join(lines)
+
+
+def to_json(found: tree.Tree, kernels: str, reports: list[OpReport]) -> str:
+    return json.dumps(
+        {
+            "tree": str(found.root),
+            "shape": found.shape,
+            "kernels": kernels,
+            "ops": [
+                asdict(r) | {"verdict": r.verdict, "traced": r.traced} for r in reports
+            ],
+            "ok": not any(r.failing for r in reports),
+        },
+        indent=2,
+    )
