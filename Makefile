@@ -13,7 +13,7 @@ PYTEST = $(VENV_PYTHON) -m pytest
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status fetch fetch-all pins refresh export stage verify-xpu audit test \
+.PHONY: help apply check revert status fetch fetch-all pins refresh export stage verify-xpu audit bench test \
 	test-all test-tree venv venv-tree lint need-vllm need-pin
 
 help:  ## list the verbs
@@ -62,6 +62,9 @@ verify-xpu:  ## on an XPU host: opcheck every registered fake against the real k
 
 audit: need-vllm venv  ## XPU ops in traced code and whether their fakes conform (VLLM=path)
 	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes audit "$(VLLM)" $(ARGS)
+
+bench: venv  ## eager vs compiled block, compile counts and time, tool time (BENCHMARKS.md)
+	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes bench $(ARGS)
 
 venv: $(VENV)/.installed
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import engine, fetch, pins, recipes, series, transaction, tree
+from . import engine, pins, recipes, series, transaction, tree
 from .errors import INTERRUPTED, OK, REFUSED, USAGE, Refusal
 
 
@@ -115,6 +115,8 @@ def cmd_fetch(args) -> int:
     versions = list(all_pins.releases) if args.all else args.versions
     if not versions:
         raise Refusal("no release given (PIN=<release>)", status=USAGE)
+    from . import fetch
+
     for version in versions:
         path = fetch.fetch(all_pins.get(version))
         print(path if args.path else f"vLLM {version}: {path}")
@@ -205,6 +207,26 @@ def cmd_audit(args) -> int:
     return REFUSED if any(r.failing for r in reports) else OK
 
 
+def cmd_bench(args) -> int:
+    from . import bench
+
+    text = bench.report(device=args.device, repeats=args.repeats)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return OK
+
+
+def cmd_bench_worker(args) -> int:
+    import json
+
+    from . import bench
+
+    result = bench.worker(args.variant, args.device, args.repeats)
+    Path(args.out).write_text(json.dumps(result))
+    return OK
+
+
 def cmd_refresh(args) -> int:
     from . import authoring
 
@@ -268,6 +290,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_argument("--static", action="store_true", help="skip loading the fakes")
     sub.set_defaults(func=cmd_audit)
 
+    sub = verbs.add_parser("bench", help="eager vs compiled, compile counts, tool time")
+    sub.add_argument("--device", default="cpu", choices=["cpu", "xpu"])
+    sub.add_argument("--repeats", type=int, default=7)
+    sub.add_argument("--out", metavar="FILE", help="also write the report here")
+    sub.set_defaults(func=cmd_bench)
+
+    sub = verbs.add_parser("bench-worker")  # one variant, in its own process
+    sub.add_argument("variant", choices=["ours", "upstream", "none"])
+    sub.add_argument("--device", default="cpu")
+    sub.add_argument("--repeats", type=int, default=5)
+    sub.add_argument("--out", required=True)
+    sub.set_defaults(func=cmd_bench_worker)
+
     sub = verbs.add_parser(
         "test-tree", help="run the fakes' tests inside a patched vLLM tree"
     )
@@ -292,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; nothing changed", file=sys.stderr)
         return INTERRUPTED
+    except BrokenPipeError:  # e.g. piped into head
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
 
 
 if __name__ == "__main__":

@@ -1,0 +1,483 @@
+"""`make bench`: what exact fakes buy and what they cost, measured in one run
+and reported as ratios (median of several repeats, with the spread).
+
+1. A Qwen3-like decoder block (RMSNorm -> fp8 W8A16 QKV projection -> an
+   attention op vLLM treats as opaque -> output projection -> RMSNorm ->
+   gate/up fp8 GEMM -> SiLU-and-mul -> down fp8 GEMM, with residuals): tokens/s
+   eager vs torch.compile (Inductor), 2-D and 3-D input, with our fakes, with
+   vLLM's own fakes (0.33.0, where they compile) and with no fake.
+2. Graph breaks and compilations over token counts 1..4096.
+3. Compile time with a cold and a warm Inductor cache.
+4. `apply` / `check` / `revert` wall time against plain `patch -p1`.
+
+On a CPU the GEMM is a stand-in with the kernel's schema and output layout
+whose dequantized weight is cached, so it costs an fp32 GEMM: the ratios show
+what compiling the code around the GEMMs buys on this CPU, not XPU speed.
+`--device xpu` runs the block with the real kernels on an XPU host.
+Each variant runs in its own process (fake registrations are process-global).
+"""
+
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import cache
+from pathlib import Path
+from typing import NamedTuple
+
+from . import fetch, paths, pins
+
+TOKENS = (1, 16, 256, 2048)
+RELEASE = "0.33.0"
+
+
+class Dims(NamedTuple):
+    hidden: int = 1024
+    heads: int = 16
+    kv_heads: int = 8
+    head_dim: int = 64
+    inter: int = 3072
+
+
+QWEN3_LIKE = Dims()
+SMALL = Dims(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=128)
+
+
+# ---------------------------------------------------------------------------
+# The worker: one process per variant
+# ---------------------------------------------------------------------------
+
+
+@cache
+def _attention_op():
+    """Causal attention as a custom op with a fake: opaque to Dynamo, as
+    vLLM's attention is."""
+    import torch
+
+    @torch.library.custom_op("xpufakes_bench::attention", mutates_args=())
+    def attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, kv_heads: int
+    ) -> torch.Tensor:
+        tokens, width = q.shape[-2], q.shape[-1]
+        head_dim = width // heads
+        batch = q.numel() // (tokens * width)
+
+        def split(t, n):
+            return t.reshape(batch, tokens, n, head_dim).transpose(1, 2)
+
+        rep = heads // kv_heads
+        out = torch.nn.functional.scaled_dot_product_attention(
+            split(q, heads),
+            split(k, kv_heads).repeat_interleave(rep, 1),
+            split(v, kv_heads).repeat_interleave(rep, 1),
+            is_causal=True,
+        )
+        return out.transpose(1, 2).reshape(q.shape)
+
+    @attention.register_fake
+    def _(q, k, v, heads, kv_heads):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    return attention
+
+
+def _block(device: str, dims: Dims = QWEN3_LIKE):
+    import torch
+
+    torch.manual_seed(0)
+    attention = _attention_op()
+
+    def weight(n: int, k: int):
+        w = (torch.randn(n, k, device=device) / k**0.5).to(torch.float8_e4m3fn)
+        return w.t(), torch.tensor([1.0], device=device)  # NT, as vLLM passes it
+
+    q_width, kv_width = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    qkv_w = weight(q_width + 2 * kv_width, dims.hidden)
+    o_w = weight(dims.hidden, q_width)
+    gate_up_w = weight(2 * dims.inter, dims.hidden)
+    down_w = weight(dims.hidden, dims.inter)
+    norm1 = torch.ones(dims.hidden, dtype=torch.bfloat16, device=device)
+    norm2 = torch.ones(dims.hidden, dtype=torch.bfloat16, device=device)
+
+    def linear(x, w):
+        return torch.ops._xpu_C.fp8_gemm_w8a16(x, w[0], w[1], None)
+
+    def rms_norm(x, weight):
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + 1e-6)).to(x.dtype) * weight
+
+    def block(x):
+        h = rms_norm(x, norm1)
+        q, k, v = linear(h, qkv_w).split([q_width, kv_width, kv_width], dim=-1)
+        x = x + linear(attention(q, k, v, dims.heads, dims.kv_heads), o_w)
+        h = rms_norm(x, norm2)
+        gate, up = linear(h, gate_up_w).chunk(2, dim=-1)
+        return x + linear(torch.nn.functional.silu(gate) * up, down_w)
+
+    return block
+
+
+def _fast_standin():
+    """The stand-in of _xpu_C::fp8_gemm_w8a16 for timing: its schema and the
+    kernel's output layout, with the dequantized weight cached (weights are
+    constant), so that the GEMM costs what an fp32 GEMM costs and the time
+    around it shows. Correctness is the reference kernels' job, not this."""
+    import torch
+
+    from . import loading
+
+    reference = loading.reference()
+    library = torch.library.Library("_xpu_C", "FRAGMENT")
+    library.define(reference.XPU_C_SCHEMAS["fp8_gemm_w8a16"])
+    weights: dict = {}
+
+    def fp8_gemm_w8a16(A, B, B_scale, bias):
+        key = (B.data_ptr(), tuple(B.shape), tuple(B.stride()))
+        if key not in weights:
+            scale = 1.0 if B_scale is None else float(B_scale.reshape(-1)[0])
+            weights[key] = B.float() * scale
+        out = reference._allocate(A, B.shape[-1], A.dtype)
+        product = A.reshape(-1, A.shape[-1]).float() @ weights[key]
+        if bias is not None:
+            product = product + bias.float()
+        out.copy_(product.reshape(out.shape))
+        return out
+
+    library.impl("fp8_gemm_w8a16", fp8_gemm_w8a16, "CPU")
+    return library
+
+
+def _input(tokens: int, layout: str, device: str, dims: Dims = QWEN3_LIKE):
+    import torch
+
+    if layout == "2d":
+        shape = (tokens, dims.hidden)
+    else:  # two sequences of tokens/2 (one for a single token)
+        shape = (2, tokens // 2, dims.hidden) if tokens > 1 else (1, 1, dims.hidden)
+    x = torch.randn(*shape, dtype=torch.bfloat16, device=device)
+    return x, 0 if layout == "2d" else 1
+
+
+def _calls_per_sample(fn, x, sample_seconds: float) -> int:
+    fn(x)  # warm-up
+    start = time.perf_counter()
+    fn(x)
+    return max(1, math.ceil(sample_seconds / max(time.perf_counter() - start, 1e-6)))
+
+
+def _time(functions: dict, x, repeats: int, sample_seconds: float = 0.2) -> dict:
+    """Seconds per call of each function: `repeats` samples each, every
+    sample the mean over enough calls to last about sample_seconds. The
+    functions take turns, so a slow moment of the machine hits all alike."""
+    calls = {
+        name: _calls_per_sample(fn, x, sample_seconds) for name, fn in functions.items()
+    }
+    samples: dict = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, fn in functions.items():
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                fn(x)
+            samples[name].append((time.perf_counter() - start) / calls[name])
+    return samples
+
+
+def worker(variant: str, device: str, repeats: int) -> dict:
+    """Run in a fresh process: set up the variant, time eager and compiled."""
+    import torch
+    import torch._dynamo.testing
+
+    from . import loading
+
+    libraries = []
+    if device == "cpu":
+        libraries = [_fast_standin()]
+    if variant in ("ours", "upstream"):
+        if device == "cpu":
+            loading.stub_xpu_kernel_package()
+            tree = _tree(variant)
+            loading.import_registering_module(tree)
+        else:
+            loading.import_registering_module(None)  # the installed vLLM
+    block = _block(device)
+    result: dict = {"variant": variant, "throughput": {}, "errors": {}}
+    for layout in ("2d", "3d"):
+        torch._dynamo.reset()
+        compiled = torch.compile(block, backend="inductor", fullgraph=True)
+        for tokens in TOKENS:
+            x, dim = _input(tokens, layout, device)
+            if tokens > 1:
+                torch._dynamo.mark_dynamic(x, dim)
+            try:
+                got = compiled(x)
+                torch.testing.assert_close(got, block(x), rtol=5e-2, atol=5e-1)
+                times = _time({"eager": block, "compiled": compiled}, x, repeats)
+            except Exception as e:  # noqa: BLE001 - reported as the failure it is
+                result["errors"][f"{layout}-{tokens}"] = (
+                    f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
+                )
+                times = {"compiled": None, **_time({"eager": block}, x, repeats)}
+            result["throughput"][f"{layout}-{tokens}"] = times
+    if variant == "ours":
+        result["compilations"] = _compilations(device)
+    del libraries
+    return result
+
+
+def _compilations(device: str) -> dict:
+    """Graph breaks and compilations over token counts 1..4096, on a small
+    block so that every count can be run."""
+    import torch
+    import torch._dynamo.testing
+    from torch._dynamo.utils import counters
+
+    small = _block(device, SMALL)
+    torch._dynamo.reset()
+    counters.clear()
+    backend = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(small, backend=backend)
+    at_one = 0
+    for tokens in range(1, 4097):
+        x, dim = _input(tokens, "2d", device, SMALL)
+        if tokens > 1:
+            torch._dynamo.mark_dynamic(x, dim)
+        compiled(x)
+        if tokens == 1:
+            at_one = backend.frame_count
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "compilations_total": backend.frame_count,
+        "compilations_for_1": at_one,
+        "compilations_for_2_to_4096": backend.frame_count - at_one,
+    }
+
+
+def _tree(variant: str) -> Path:
+    """The pristine (upstream fakes) or a patched (ours) 0.33.0 tree."""
+    pin = pins.load().get(RELEASE)
+    pristine = fetch.fetch(pin)
+    if variant == "upstream":
+        return pristine
+    target = paths.cache_dir() / "bench" / f"{RELEASE}-patched"
+    if not (target / "vllm" / "_xpu_gemm_fakes.py").is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(pristine, target)
+        subprocess.run(
+            [sys.executable, "-m", "xpufakes", "apply", str(target)],
+            check=True,
+            capture_output=True,
+            env=_env(),
+        )
+    return target
+
+
+def _env(**extra) -> dict:
+    return dict(
+        os.environ,
+        PYTHONPATH=str(paths.REPO / "scripts"),
+        PYTHONDONTWRITEBYTECODE="1",
+        **extra,
+    )
+
+
+# ---------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------
+
+
+def _run_worker(variant: str, device: str, repeats: int, **env) -> dict:
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(work) / "result.json"
+        command = [
+            sys.executable,
+            "-m",
+            "xpufakes",
+            "bench-worker",
+            variant,
+            "--device",
+            device,
+            "--repeats",
+            str(repeats),
+            "--out",
+            str(out),
+        ]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, env=_env(**env))
+        if done.returncode != 0 or not out.is_file():
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"variant": variant, "failed": tail}
+        result = json.loads(out.read_text())
+        result["wall"] = time.perf_counter() - started
+        return result
+
+
+def _compile_time(device: str) -> dict:
+    """Seconds to the first compiled result of the 2-D block, cold cache and
+    then warm (a second process on the same cache)."""
+    code = (
+        "import time, torch, xpufakes.bench as b\n"
+        "from xpufakes import loading\n"
+        "libs = b._fast_standin()\n"
+        "loading.stub_xpu_kernel_package()\n"
+        "loading.import_registering_module(b._tree('ours'))\n"
+        "block = b._block('cpu')\n"
+        "x, _ = b._input(256, '2d', 'cpu')\n"
+        "torch._dynamo.mark_dynamic(x, 0)\n"
+        "start = time.perf_counter()\n"
+        "torch.compile(block, backend='inductor', fullgraph=True)(x)\n"
+        "print(time.perf_counter() - start)\n"
+    )
+    times = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for label in ("cold", "warm"):
+            done = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                env=_env(TORCHINDUCTOR_CACHE_DIR=cache),
+            )
+            lines = done.stdout.strip().splitlines()
+            times[label] = float(lines[-1]) if done.returncode == 0 else None
+    return times
+
+
+def _tool_times(repeats: int) -> dict:
+    """Median seconds of the tool's verbs and of plain `patch -p1` of the
+    same (exported) series on a copy of the release."""
+    from . import export
+
+    pin = pins.load().get(RELEASE)
+    pristine = fetch.fetch(pin)
+    work = Path(tempfile.mkdtemp())
+    try:
+        tree = work / "tree"
+        shutil.copytree(pristine, tree)
+        exported = work / "series"
+        export.export(exported, RELEASE)
+        names = (exported / "series").read_text().split()
+
+        def timed(command: list[str]) -> float:
+            start = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True, env=_env())
+            return time.perf_counter() - start
+
+        tool = [sys.executable, "-m", "xpufakes"]
+        samples: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            samples.setdefault("check", []).append(timed([*tool, "check", str(tree)]))
+            samples.setdefault("apply", []).append(timed([*tool, "apply", str(tree)]))
+            samples.setdefault("apply (already applied)", []).append(
+                timed([*tool, "apply", str(tree)])
+            )
+            samples.setdefault("revert", []).append(timed([*tool, "revert", str(tree)]))
+            patch = ["patch", "-s", "-p1", "-F0", "-d", str(tree), "-i"]
+            samples.setdefault("patch -p1", []).append(
+                sum(timed([*patch, str(exported / n)]) for n in names)
+            )
+            samples.setdefault("patch -p1 -R", []).append(
+                sum(timed([*patch, str(exported / n), "-R"]) for n in reversed(names))
+            )
+        return samples
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _median(samples) -> str:
+    if not samples:
+        return "-"
+    median = statistics.median(samples)
+    spread = (max(samples) - min(samples)) / median * 100 if median else 0
+    return f"{median * 1000:9.1f} ms ±{spread:3.0f}%"
+
+
+def report(device: str = "cpu", repeats: int = 7) -> str:
+    import torch
+
+    results = {v: _run_worker(v, device, repeats) for v in ("ours", "upstream", "none")}
+    lines = [
+        "# make bench",
+        "",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"device {device} "
+        f"({'stand-in kernels' if device == 'cpu' else 'real kernels'})",
+        f"block: Qwen3-like, hidden {QWEN3_LIKE.hidden}, {QWEN3_LIKE.heads} heads / "
+        f"{QWEN3_LIKE.kv_heads} KV heads x {QWEN3_LIKE.head_dim}, intermediate "
+        f"{QWEN3_LIKE.inter}, fp8 e4m3 W8A16 weights; 3-D input is two "
+        f"sequences of tokens/2; {repeats} samples of >= 0.2 s each, eager and "
+        "compiled taking turns; median, spread = (max-min)/median",
+        "",
+        "## 1. Decoder block: tokens/s, eager vs compiled",
+        "",
+        "| fakes | input | tokens | eager tok/s | compiled tok/s | compiled/eager |",
+        "|---|---|---|---|---|---|",
+    ]
+    for variant, result in results.items():
+        if "failed" in result:
+            lines.append(
+                f"| {variant} | - | - | - | - | worker failed: {result['failed']} |"
+            )
+            continue
+        for key, times in result["throughput"].items():
+            layout, tokens = key.split("-")
+            eager = statistics.median(times["eager"])
+            cell_e = f"{int(tokens) / eager:,.0f} ±{_spread(times['eager']):.0f}%"
+            if times["compiled"] is None:
+                error = result["errors"].get(key, "")
+                lines.append(
+                    f"| {variant} | {layout} | {tokens} | {cell_e} | fails | {error} |"
+                )
+                continue
+            fast = statistics.median(times["compiled"])
+            cell_c = f"{int(tokens) / fast:,.0f} ±{_spread(times['compiled']):.0f}%"
+            lines.append(
+                f"| {variant} | {layout} | {tokens} | {cell_e} | {cell_c} | "
+                f"{eager / fast:.2f}x |"
+            )
+    counts = results["ours"].get("compilations", {})
+    lines += [
+        "",
+        "## 2. Graph breaks and compilations, token counts 1..4096 (our fakes)",
+        "",
+        f"- graph breaks: {counts.get('graph_breaks')}",
+        f"- compilations for 2..4096 tokens (dynamic): "
+        f"{counts.get('compilations_for_2_to_4096')}",
+        f"- compilations for 1 token (torch's size-1 specialisation, separate): "
+        f"{counts.get('compilations_for_1')}",
+        "",
+        "## 3. Compile time of the block (our fakes, 2-D, 256 tokens)",
+        "",
+    ]
+    compile_times = _compile_time(device)
+    for label, seconds in compile_times.items():
+        lines.append(
+            f"- {label} Inductor cache: "
+            + (f"{seconds:.1f} s" if seconds else "failed")
+        )
+    lines += [
+        "",
+        f"## 4. Tool wall time on vLLM {RELEASE} (unpacked sdist)",
+        "",
+        "| command | median |",
+        "|---|---|",
+    ]
+    tool_times = _tool_times(repeats)
+    for name, samples in tool_times.items():
+        lines.append(f"| {name} | {_median(samples).strip()} |")
+    apply_ratio = statistics.median(tool_times["apply"]) / statistics.median(
+        tool_times["patch -p1"]
+    )
+    lines.append("")
+    lines.append(f"apply / patch -p1: {apply_ratio:.1f}x")
+    return "\n".join(lines)
+
+
+def _spread(samples: list[float]) -> float:
+    median = statistics.median(samples)
+    return (max(samples) - min(samples)) / median * 100 if median else 0.0
