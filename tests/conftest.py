@@ -33,12 +33,18 @@ def sample_releases(config) -> list[str]:
 def pytest_generate_tests(metafunc):
     """`release`: every series' first release and each era's last (all with
     --all-releases); `sample_release`: a few releases of each era (all);
-    `ipex_release` / `kernels_release`: the `release` set of one era."""
+    `ipex_release` / `kernels_release`: the `release` set of one era;
+    `ipex_sample_release`: the `sample_release` set of the IPEX era."""
     chosen = selected_releases(metafunc.config)
     if "release" in metafunc.fixturenames:
         metafunc.parametrize("release", chosen)
     if "sample_release" in metafunc.fixturenames:
         metafunc.parametrize("sample_release", sample_releases(metafunc.config))
+    if "ipex_sample_release" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "ipex_sample_release",
+            [v for v in sample_releases(metafunc.config) if releases.era(v) == "ipex"],
+        )
     if "ipex_release" in metafunc.fixturenames:
         metafunc.parametrize(
             "ipex_release", [v for v in chosen if releases.era(v) == "ipex"]

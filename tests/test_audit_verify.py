@@ -8,6 +8,7 @@ import pytest
 
 from support import releases, tool
 from xpufakes import pins
+from xpufakes.audit import IPEX_WOQ
 from xpufakes.errors import NOT_HERE
 
 
@@ -35,6 +36,9 @@ def test_audit_unpatched_is_non_conformant(sample_release):
     assert gemm["verdict"].startswith("FAIL")
     sites = [s for s in gemm["sites"] if s["context"] == "traced"]
     assert any("apply" in s["function"] for s in sites), sites
+    if pins.load().get(version).series.startswith("ipex"):
+        woq = _op(report, IPEX_WOQ)  # the AWQ / GPTQ path into IPEX's module
+        assert woq["verdict"] == "FAIL: no fake", woq
 
 
 def test_audit_patched_is_conformant(sample_release):
@@ -47,6 +51,9 @@ def test_audit_patched_is_conformant(sample_release):
     ]
     gemm = _op(report, _gemm(version))
     assert gemm["fake"] == "registered" and gemm["conforms"] is True
+    if pins.load().get(version).series.startswith("ipex"):
+        woq = _op(report, IPEX_WOQ)
+        assert woq["verdict"] == "ok" and "ipex_woq_linear" in woq["fake"], woq
 
 
 def test_audit_reports_an_unknown_op_as_unknown(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from support import releases
-from xpufakes import authoring, paths, pins, recipes, series, unidiff
+from xpufakes import authoring, paths, pins, recipes, series
 
 REQUIRED_FIELDS = ("Description", "Origin", "Bug", "Forwarded", "Last-Update")
 
@@ -46,23 +46,25 @@ def test_patch_headers(name):
 
 
 def test_patches_are_generated_from_the_sdists(release):
-    """Regenerating the release's patch from its pristine sdist gives the
-    committed patch (the same hunks, up to line offsets), and for the first
-    release of a series, the committed file byte for byte."""
+    """Regenerating the release's patches from its pristine sdist gives the
+    committed ones (the same hunks, up to line offsets), and for the first
+    release of a series, the committed files byte for byte."""
     pin = pins.load().get(release)
     era = pin.series.split("-")[0]
-    recipe = recipes.RECIPES[era]
-    pristine = (releases.pristine(release) / recipe.target).read_bytes().decode()
-    diff = unidiff.unified(pristine, recipe.edit(pristine), recipe.target)
-    (patch,) = series.load(pin.series).patches
-    assert authoring._normalized(diff) == authoring._normalized(patch.diff)
+    diffs, hashes = authoring.release_diffs(era, releases.pristine(release))
+    patches = series.load(pin.series).patches
+    assert [p.name for p in patches] == [r.name for r in recipes.RECIPES[era]]
+    assert hashes == pin.files
+    for diff, patch in zip(diffs, patches, strict=True):
+        assert authoring._normalized(diff) == authoring._normalized(patch.diff)
     if pin.series == f"{era}-{release}":
         versions = [
             v for v, p in pins.load().releases.items() if p.series == pin.series
         ]
-        variant = authoring.Variant(era, diff, versions)
-        expected = authoring.patch_text(variant, patch.field("Last-Update"))
-        assert patch.text == expected
+        variant = authoring.Variant(era, diffs, versions)
+        for index, patch in enumerate(patches):
+            expected = authoring.patch_text(variant, index, patch.field("Last-Update"))
+            assert patch.text == expected
 
 
 def test_pinned_file_hashes_are_the_sdist_files(release):

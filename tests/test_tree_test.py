@@ -36,14 +36,22 @@ def _make_test_tree(tree, args: str = "") -> subprocess.CompletedProcess:
     )
 
 
-def test_in_tree_test_passes_on_a_patched_release(tmp_path):
-    tree = releases.copy_of(RELEASE, tmp_path / "vllm-src")
+@pytest.mark.parametrize("version", ["0.14.1", RELEASE])
+def test_in_tree_test_passes_on_a_patched_release(version, tmp_path):
+    """The newest release of each era, with vLLM's own test utilities of
+    that release (the IPEX era's also runs test_ipex_woq_linear.py)."""
+    tree = releases.copy_of(version, tmp_path / "vllm-src")
     releases.apply(tree)
     result = _make_test_tree(tree, "-rA")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"vLLM {RELEASE} (vllm/_version.py)" in result.stdout
-    passed = re.findall(r"^PASSED .*\[(cpu-reference-[^\]]+)\]", result.stdout, re.M)
+    assert f"vLLM {version} (vllm/_version.py)" in result.stdout
+    passed = re.findall(r"^PASSED (\S+)\[(cpu-reference-[^\]]+)\]", result.stdout, re.M)
     assert len(passed) > 400, result.stdout[-2000:]
+    files = {name.split("::")[0] for name, _ in passed}
+    expected = {"tests/kernels/quantization/test_xpu_gemm_fakes.py"}
+    if version == "0.14.1":
+        expected.add("tests/kernels/quantization/test_ipex_woq_linear.py")
+    assert files == expected
 
 
 def test_in_tree_test_fails_with_a_wrong_fake(tmp_path):

@@ -43,6 +43,12 @@ from . import pins, tree
 from .errors import Refusal
 
 NAMESPACES = ("_xpu_C", "torch_ipex")
+# IPEX's weight-only-quantized linear module, called as layer.ipex_qlinear(x)
+# by the IPEX era's AWQ / GPTQ / wNa16 methods. Its forward reaches
+# torch_ipex ops registered as CompositeImplicitAutograd kernels, which
+# cannot take a fake; vllm/_ipex_woq_linear.py wraps the module in one op.
+IPEX_WOQ = "torch_ipex::WeightOnlyQuantizedLinear.forward"
+IPEX_WOQ_WRAPPER = "opaque_ipex_woq_linear"
 SCHEMAS = Path(__file__).with_name("data") / "op_schemas.toml"
 
 TRACED, IF_ENABLED, OPAQUE, NOT_TRACED, OTHER_PLATFORM, HELPER = (
@@ -193,6 +199,7 @@ class _ModuleScan(ast.NodeVisitor):
         self.imports: dict[str, str] = {}  # local name -> dotted target
         self.opaque_names: set[str] = set()
         self.fakes_declared: set[str] = set()
+        self.wraps_ipex_woq = False
 
     def _where(self) -> str:
         return ".".join(self.stack) or "<module>"
@@ -239,11 +246,15 @@ class _ModuleScan(ast.NodeVisitor):
 
     def visit_Call(self, node):
         op = _op_of(node.func)
+        func = _dotted(node.func)
         if op:
             self.op_calls.append((op, node.lineno, self._where()))
+        elif func.endswith(".ipex_qlinear"):
+            self.op_calls.append((IPEX_WOQ, node.lineno, self._where()))
         else:
             self.calls.append((node, node.lineno, self._where()))
-        func = _dotted(node.func)
+        if func.endswith(IPEX_WOQ_WRAPPER):
+            self.wraps_ipex_woq = True
         if func.endswith("direct_register_custom_op") or func.endswith(
             "register_custom_op"
         ):
@@ -314,7 +325,7 @@ def scan_tree(root: Path) -> tuple[dict[str, list[CallSite]], set[str]]:
     # Modules that name an op namespace, then (a few levels) the modules that
     # mention a module defining a helper.
     for path, text in texts.items():
-        if any(ns in text for ns in NAMESPACES):
+        if any(ns in text for ns in NAMESPACES) or "ipex_qlinear" in text:
             scan(path)
     for _ in range(3):
         names = {m.rsplit(".", 1)[-1] for m, s in scans.items() if s.op_calls}
@@ -373,6 +384,12 @@ def scan_tree(root: Path) -> tuple[dict[str, list[CallSite]], set[str]]:
             if (site.module, site.function) in called:
                 site.context = HELPER
     declared = set().union(*(s.fakes_declared for s in scans.values()))
+    wrapped = {s.path for s in scans.values() if s.wraps_ipex_woq}
+    woq_sites = [
+        x for x in sites.get(IPEX_WOQ, []) if x.context in (TRACED, IF_ENABLED)
+    ]
+    if woq_sites and all(x.file in wrapped for x in woq_sites):
+        declared.add(IPEX_WOQ)
     return sites, declared
 
 
@@ -471,7 +488,9 @@ def audit(path: str, dynamic: bool = True) -> tuple[tree.Tree, str, list[OpRepor
     checked = check_fakes(found.root, kernels) if dynamic else {}
     reports = []
     for op in sorted(sites):
-        schema = schemas.get(op)
+        schema = schemas.get(op) or (
+            "(a module, not an op) -> Tensor" if op == IPEX_WOQ else None
+        )
         key = (
             op
             if op in checked
@@ -488,6 +507,16 @@ def audit(path: str, dynamic: bool = True) -> tuple[tree.Tree, str, list[OpRepor
                 total = result["passed"] + result["failed"]
                 report.detail = (
                     f"{result['failed']} of {total} cases fail, e.g. {case}: {why}"
+                )
+        elif op == IPEX_WOQ:
+            if op in declared:
+                report.fake = "wrapped in the vllm::ipex_woq_linear op"
+                report.conforms = True
+                report.detail = "its fake is tested by tests/test_ipex_woq.py"
+            else:
+                report.detail = (
+                    "its torch_ipex ops are CompositeImplicitAutograd kernels: "
+                    "no fake can be registered; wrap the module in one op"
                 )
         elif any(d.split(".")[0] == op.split(".")[0] for d in declared):
             report.fake = "declared in source"

@@ -54,12 +54,36 @@ def index_sdists() -> dict[str, str]:
 @dataclass
 class Variant:
     era: str
-    diff: str
+    diffs: tuple[str, ...]  # one per patch of the era, in series order
     releases: list[str]
 
     @property
     def series(self) -> str:
         return f"{self.era}-{self.releases[0]}"
+
+
+def release_diffs(era: str, tree: Path) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The diff of each patch of the era for the release in `tree`, and the
+    sha256 of each file they change."""
+    diffs = []
+    hashes = {}
+    for recipe in recipes.RECIPES[era]:
+        diff = ""
+        for edit in recipe.edits:
+            path = tree / edit.target
+            if not path.is_file():
+                if edit.required:
+                    raise Refusal(f"{tree.name}: {edit.target} is missing")
+                continue
+            raw = path.read_bytes()
+            pristine = raw.decode("utf-8", errors="surrogateescape")
+            try:
+                diff += unidiff.unified(pristine, edit.edit(pristine), edit.target)
+            except recipes.RecipeError as e:
+                raise Refusal(f"{tree.name}: {edit.target}: {e}") from None
+            hashes[edit.target] = hashlib.sha256(raw).hexdigest()
+        diffs.append(diff)
+    return tuple(diffs), hashes
 
 
 def _kernels(tree: Path) -> str:
@@ -83,7 +107,7 @@ def _normalized(diff: str) -> str:
 def refresh(date: str | None = None) -> list[Variant]:
     known = pins.load().releases if paths.PINS.exists() else {}
     sdists = index_sdists()
-    variants: dict[tuple[str, str], Variant] = {}
+    variants: dict[tuple, Variant] = {}
     entries = {}
     not_needed = []
     for version, index_sha in sdists.items():
@@ -93,23 +117,15 @@ def refresh(date: str | None = None) -> list[Variant]:
             continue
         if version in known and known[version].sdist_sha256 != index_sha:
             raise Refusal(f"vllm-{version}.tar.gz changed on the index: {index_sha}")
-        recipe = recipes.RECIPES[era]
-        pin = pins.Pin(version, index_sha, series="", kernels="")
-        tree = fetch.fetch(pin)
-        raw = (tree / recipe.target).read_bytes()
-        pristine = raw.decode("utf-8", errors="surrogateescape")
-        try:
-            diff = unidiff.unified(pristine, recipe.edit(pristine), recipe.target)
-        except recipes.RecipeError as e:
-            raise Refusal(f"vLLM {version}: {recipe.target}: {e}") from None
-        key = (era, _normalized(diff))
-        variant = variants.setdefault(key, Variant(era, diff, []))
+        tree = fetch.fetch(pins.Pin(version, index_sha, series="", kernels=""))
+        diffs, hashes = release_diffs(era, tree)
+        key = (era, tuple(_normalized(d) for d in diffs))
+        variant = variants.setdefault(key, Variant(era, diffs, []))
         variant.releases.append(version)
         entries[version] = {
             "sdist_sha256": index_sha,
             "kernels": _kernels(tree),
-            "target": recipe.target,
-            "pristine": hashlib.sha256(raw).hexdigest(),
+            "files": hashes,
         }
     _write_series(list(variants.values()), date)
     for variant in variants.values():
@@ -119,13 +135,16 @@ def refresh(date: str | None = None) -> list[Variant]:
     return list(variants.values())
 
 
-def patch_text(variant: Variant, date: str) -> str:
-    recipe = recipes.RECIPES[variant.era]
-    releases = _ranges(variant.releases)
-    header = recipe.header.format(releases=releases, date=date)
+def patch_text(variant: Variant, index: int, date: str) -> str:
+    recipe = recipes.RECIPES[variant.era][index]
+    header = recipe.header.format(releases=_ranges(variant.releases), date=date)
     overlay = "".join(f"X-Overlay: {path}\n" for path in recipe.overlay)
     return (
-        header + overlay + f"Signed-off-by: {SIGNED_OFF_BY}\n" + "---\n" + variant.diff
+        header
+        + overlay
+        + f"Signed-off-by: {SIGNED_OFF_BY}\n"
+        + "---\n"
+        + variant.diffs[index]
     )
 
 
@@ -139,17 +158,23 @@ def _write_series(variants: list[Variant], date: str | None) -> None:
         if directory.is_dir() and directory.name not in keep:
             shutil.rmtree(directory)
     for variant in variants:
-        recipe = recipes.RECIPES[variant.era]
         directory = paths.PATCHES / variant.series
         directory.mkdir(parents=True, exist_ok=True)
-        target = directory / recipe.name
-        old = target.read_text() if target.exists() else ""
-        old_date = re.search(r"^Last-Update: (\S+)", old, re.M)
-        text = patch_text(variant, old_date.group(1) if old_date else "")
-        if text != old:  # a new or changed patch gets today's date
-            text = patch_text(variant, date or datetime.date.today().isoformat())
-        target.write_text(text)
-        (directory / "series").write_text(recipe.name + "\n")
+        names = []
+        for index, recipe in enumerate(recipes.RECIPES[variant.era]):
+            target = directory / recipe.name
+            old = target.read_text() if target.exists() else ""
+            old_date = re.search(r"^Last-Update: (\S+)", old, re.M)
+            text = patch_text(variant, index, old_date.group(1) if old_date else "")
+            if text != old:  # a new or changed patch gets today's date
+                today = date or datetime.date.today().isoformat()
+                text = patch_text(variant, index, today)
+            target.write_text(text)
+            names.append(recipe.name)
+        for stale in directory.glob("*.patch"):
+            if stale.name not in names:
+                stale.unlink()
+        (directory / "series").write_text("".join(f"{n}\n" for n in names))
 
 
 def _write_pins(entries: dict[str, dict], not_needed: list[str]) -> None:
@@ -161,12 +186,15 @@ def _write_pins(entries: dict[str, dict], not_needed: list[str]) -> None:
         "",
     ]
     for version, e in entries.items():
+        files = ", ".join(
+            f'"{path}" = "{digest}"' for path, digest in e["files"].items()
+        )
         out += [
             f'[releases."{version}"]',
             f'sdist_sha256 = "{e["sdist_sha256"]}"',
             f'series = "{e["series"]}"',
             f'kernels = "{e["kernels"]}"',
-            f'files = {{ "{e["target"]}" = "{e["pristine"]}" }}',
+            f"files = {{ {files} }}",
             "",
         ]
     out += ["# Releases that need no patch, and why.", "[not_needed]"]

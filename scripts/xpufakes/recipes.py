@@ -28,11 +28,16 @@ class RecipeError(Exception):
 
 
 @dataclass(frozen=True)
-class Recipe:
-    era: str  # series names are <era>-<first release>
-    name: str  # the patch file name
+class Edit:
     target: str
     edit: Callable[[str], str]
+    required: bool = True  # False: skip releases that lack the file
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str  # the patch file name
+    edits: tuple[Edit, ...]
     overlay: tuple[str, ...]
     header: str  # DEP-3 fields; {releases} is replaced by the releases it fits
 
@@ -170,6 +175,85 @@ def edit_ipex_ops(text: str) -> str:
     return "".join(lines)
 
 
+def _insert_vllm_import(lines: list[str], body: list[ast.stmt], line: str) -> None:
+    """Insert `from <module> import ...` among the module-level vllm imports,
+    where isort puts it (they are sorted by module name)."""
+    module = line.split()[1]
+    vllm_imports = [
+        n
+        for n in body
+        if isinstance(n, ast.ImportFrom)
+        and n.level == 0
+        and (n.module == "vllm" or (n.module or "").startswith("vllm."))
+    ]
+    if not vllm_imports:
+        raise RecipeError("no module-level `from vllm... import`")
+    later = [n for n in vllm_imports if n.module > module]
+    at = later[0].lineno - 1 if later else vllm_imports[-1].end_lineno
+    lines.insert(at, line)
+
+
+def edit_woq(text: str) -> str:
+    """ipex_quant.py and kernels/mixed_precision/xpu.py (IPEX era): wrap each
+    IPEX weight-only-quantized linear module, right after it is made, so that
+    torch.compile sees one op instead of IPEX's forward."""
+    body = _statements(text)
+    lines = _lines(text)
+    sites = [
+        node
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and ast.unparse(node.targets[0]) == "layer.ipex_qlinear"
+        and "from_weight" in ast.unparse(node.value)
+    ]
+    if not sites:
+        raise RecipeError("no `layer.ipex_qlinear = ...from_weight(...)`")
+    for node in sorted(sites, key=lambda n: n.lineno, reverse=True):
+        indent = " " * node.col_offset
+        lines[node.end_lineno : node.end_lineno] = [
+            f"{indent}# torch.compile cannot trace IPEX's WOQ forward: run it as "
+            "one op\n",
+            f"{indent}layer.ipex_qlinear = opaque_ipex_woq_linear(\n",
+            f"{indent}    layer.ipex_qlinear, layer.ipex_output_size\n",
+            f"{indent})\n",
+        ]
+    _insert_vllm_import(
+        lines, body, "from vllm._ipex_woq_linear import opaque_ipex_woq_linear\n"
+    )
+    return "".join(lines)
+
+
+WOQ_HEADER = """\
+Description: [XPU] Run IPEX's weight-only-quantized linear as one opaque op
+ The IPEX AWQ, GPTQ and wNa16 linear methods call layer.ipex_qlinear(x) in
+ apply(), which torch.compile traces. That is IPEX's XPU
+ WeightOnlyQuantizedLinear, whose forward calls torch_ipex::mm_int4,
+ mm_bias_int4, mm_w4a8, mm_bias_w4a8, mm_low_bits, int4x8_dequantize and
+ mm_common. IPEX registers those without a dispatch key, which makes them
+ CompositeImplicitAutograd kernels: no fake can be registered for them
+ (register_fake refuses), and under fake tensors their C++ body runs and
+ fails on its first data access ("Cannot access data pointer of Tensor").
+ So int4 AWQ / GPTQ models cannot start with compilation on.
+ .
+ This wraps each module, right after it is made, in
+ vllm/_ipex_woq_linear.py's IPEXWoqLinearOp: calling it runs the module
+ through one custom op, vllm::ipex_woq_linear, whose fake returns what
+ every int4 branch of that forward returns (a new contiguous
+ x.shape[:-1] + (out_features,) tensor with x's dtype and device;
+ vllm/_xpu_gemm_fakes.py). apply() is unchanged.
+ .
+ tests/kernels/quantization/test_ipex_woq_linear.py runs opcheck on the op
+ for the weight formats the AWQ and GPTQ paths produce (oneDNN and XeTLA
+ layouts, bias, act-order g_idx, W4A8 compute) and compiles a block with
+ Inductor, against IPEX on an XPU host and CPU reference kernels elsewhere.
+ .
+ Upstream status: not submitted yet; IPEX-based XPU support was replaced by
+ vllm-xpu-kernels in vLLM 0.16.0, so this is for the 0.10.2-0.14.1 releases.
+ .
+ This variant applies to vLLM {releases}.
+"""
+
 _COMMON_FIELDS = """\
 Origin: vendor
 Bug: https://github.com/intel/llm-scaler/issues/383
@@ -246,22 +330,40 @@ Description: [XPU] Register fake kernels for the IPEX quantized GEMMs
 
 OVERLAY = (FAKES_MODULE, TREE_TEST_REFERENCE, TREE_TEST)
 
-RECIPES = {
-    "ipex": Recipe(
-        era="ipex",
-        name="0001-xpu-register-fakes-for-ipex-gemms.patch",
-        target="vllm/_ipex_ops.py",
-        edit=edit_ipex_ops,
-        overlay=OVERLAY,
-        header=IPEX_HEADER + _COMMON_FIELDS,
+WOQ_MODULE = "vllm/_ipex_woq_linear.py"
+WOQ_TREE_TEST = "tests/kernels/quantization/test_ipex_woq_linear.py"
+
+# The patches of each era, in series order.
+RECIPES: dict[str, tuple[Recipe, ...]] = {
+    "ipex": (
+        Recipe(
+            name="0001-xpu-register-fakes-for-ipex-gemms.patch",
+            edits=(Edit("vllm/_ipex_ops.py", edit_ipex_ops),),
+            overlay=OVERLAY,
+            header=IPEX_HEADER + _COMMON_FIELDS,
+        ),
+        Recipe(
+            name="0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch",
+            edits=(
+                Edit("vllm/model_executor/layers/quantization/ipex_quant.py", edit_woq),
+                Edit(
+                    "vllm/model_executor/layers/quantization/kernels/"
+                    "mixed_precision/xpu.py",
+                    edit_woq,
+                    required=False,
+                ),
+            ),
+            overlay=(WOQ_MODULE, WOQ_TREE_TEST),
+            header=WOQ_HEADER + _COMMON_FIELDS,
+        ),
     ),
-    "kernels": Recipe(
-        era="kernels",
-        name="0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch",
-        target="vllm/_xpu_ops.py",
-        edit=edit_xpu_ops,
-        overlay=OVERLAY,
-        header=KERNELS_HEADER + _COMMON_FIELDS,
+    "kernels": (
+        Recipe(
+            name="0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch",
+            edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops),),
+            overlay=OVERLAY,
+            header=KERNELS_HEADER + _COMMON_FIELDS,
+        ),
     ),
 }
 

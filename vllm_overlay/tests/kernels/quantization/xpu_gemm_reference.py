@@ -188,11 +188,13 @@ def _bias(bias: torch.Tensor | None, m: int, n: int) -> torch.Tensor | None:
 
 
 def _expand_scale(scale: torch.Tensor | None, rows: int, cols: int) -> torch.Tensor:
-    """A [rows, cols] fp32 matrix from a per-tensor, per-row ([rows, 1]),
-    per-column ([cols] / [1, cols]) or block ([rows/r, cols/c]) scale."""
-    if scale is None or scale.numel() == 1:
-        value = 1.0 if scale is None else scale.float().reshape(())
-        return torch.full((rows, cols), float(value))
+    """An fp32 factor that broadcasts to [rows, cols], from a per-tensor,
+    per-row ([rows, 1]), per-column ([cols] / [1, cols]) or block
+    ([rows/r, cols/c]) scale."""
+    if scale is None:
+        return torch.ones(())
+    if scale.numel() == 1:  # per-tensor
+        return scale.float().reshape(())
     s = scale.float()
     if s.dim() == 1 and s.numel() == cols:
         return s.reshape(1, cols).expand(rows, cols)
@@ -832,3 +834,333 @@ def opcheck_cases(full: bool = True) -> list[OpcheckCase]:
         for (ns, name, overload), (_, dims) in CASE_SPACE.items()
         for params in _grid(dims, full)
     ]
+
+
+# ---------------------------------------------------------------------------
+# IPEX weight-only-quantized (WOQ) int4 linear, behind vLLM's IPEX AWQ, GPTQ
+# and wNa16 methods (intel/intel-extension-for-pytorch
+# intel_extension_for_pytorch/nn/utils/_quantize_convert.py,
+# csrc/gpu/aten/operators/XEGEMM_INT4.cpp, XeInt4Dequantize.cpp, XeGemm.cpp)
+# ---------------------------------------------------------------------------
+
+# IPEX registers these with IPEX_OP_REGISTER, without a dispatch key: the
+# kernel becomes a CompositeImplicitAutograd kernel (so no fake can be
+# registered), the schema is inferred and the overload is "xpu".
+TORCH_IPEX_WOQ_SCHEMAS = {
+    "mm_int4.xpu": "mm_int4.xpu(Tensor _0, Tensor _1, Tensor _2, Tensor _3, "
+    "int _4, Tensor? _5) -> Tensor _0",
+    "mm_bias_int4.xpu": "mm_bias_int4.xpu(Tensor _0, Tensor _1, Tensor _2, "
+    "Tensor _3, Tensor _4, int _5, Tensor? _6) -> Tensor _0",
+    "mm_w4a8.xpu": "mm_w4a8.xpu(Tensor _0, Tensor _1, Tensor _2, Tensor _3, "
+    "int _4, int _5, Tensor? _6) -> Tensor _0",
+    "mm_bias_w4a8.xpu": "mm_bias_w4a8.xpu(Tensor _0, Tensor _1, Tensor _2, "
+    "Tensor _3, Tensor _4, int _5, int _6, Tensor? _7) -> Tensor _0",
+    "mm_low_bits.xpu": "mm_low_bits.xpu(Tensor _0, Tensor _1, Tensor _2, "
+    "Tensor _3, Tensor _4, bool _5, str _6, str _7, int _8, Tensor? _9) -> Tensor _0",
+    "int4x8_dequantize.xpu": "int4x8_dequantize.xpu(Tensor _0, Tensor _1, "
+    "Tensor _2, int _3) -> Tensor _0",
+    "mm_common.xpu": "mm_common.xpu(Tensor _0, Tensor _1) -> Tensor _0",
+}
+
+# The torch_ipex WOQ ops the reference kernels ran, in order (a probe for
+# which ops a forward pass reaches).
+WOQ_CALLS: list[str] = []
+
+# AutoAWQ packs the 8 columns of a word in this order.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _touch(*tensors) -> None:
+    """What IPEX's C++ does first: read the tensors' memory. Under fake
+    tensors (torch.compile) this fails, as the real kernels do."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t.untyped_storage().data_ptr()
+
+
+def _unpack_awq(packed: torch.Tensor) -> torch.Tensor:
+    """[rows, cols/8] AWQ-packed int32 -> [rows, cols] values."""
+    nibbles = unpack_int4(packed, dim=1)  # storage order
+    rows, cols = nibbles.shape
+    order = torch.tensor(AWQ_ORDER).repeat(cols // 8) + torch.arange(
+        0, cols, 8
+    ).repeat_interleave(8)
+    values = torch.empty_like(nibbles)
+    values[:, order] = nibbles
+    return values
+
+
+def _pack_rows(values: torch.Tensor) -> torch.Tensor:
+    """[K, N] 4-bit values -> [K/8, N] int32, packed along K (GPTQ)."""
+    k, n = values.shape
+    groups = values.long().reshape(k // 8, 8, n)
+    word = torch.zeros(k // 8, n, dtype=torch.int64)
+    for i in range(8):
+        word |= groups[:, i, :] << (4 * i)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def _woq_weight(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    qzeros: torch.Tensor | None,
+    group_size: int,
+) -> torch.Tensor:
+    """The fp32 [K, N] weight from either layout of the prepared module:
+    oneDNN (qweight [K/8, N], scales [K/G, N]) or XeTLA (qweight [N, K/8],
+    scales [N, K/G]); zero points int32 [K/G, N/8] (GPTQ order) or symmetric
+    (None, or a 1-element tensor: 8)."""
+    if scales.shape[0] * group_size == qweight.shape[0] * 8:  # oneDNN [K/8, N]
+        q = unpack_int4(qweight.contiguous(), dim=0).float()
+        s = scales.float()
+    else:  # XeTLA [N, K/8]
+        q = unpack_int4(qweight.contiguous(), dim=1).float().t()
+        s = scales.float().t()
+    if qzeros is None or qzeros.numel() == 1:
+        z = torch.tensor(8.0 if qzeros is None else float(qzeros.reshape(-1)[0]))
+    else:
+        z = unpack_int4(qzeros.contiguous(), dim=1).float()
+        z = z.repeat_interleave(group_size, 0)
+    return (q - z) * s.repeat_interleave(group_size, 0)
+
+
+def _woq_gemm(x, qweight, bias, scales, qzeros, group_size, g_idx, w4a8=False):
+    a = x.index_select(-1, g_idx) if g_idx is not None else x
+    a2 = a.reshape(-1, a.shape[-1]).float()
+    if w4a8:  # activation quantized per token to int8 (act_quant_mode 2)
+        step = a2.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 127
+        a2 = torch.round(a2 / step).clamp(-128, 127) * step
+    out = a2 @ _woq_weight(qweight, scales, qzeros, group_size)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _woq_kernels() -> dict:
+    def mm_int4(x, w, s, z, group_size, g_idx):
+        _touch(x, w, s, z)
+        WOQ_CALLS.append("mm_int4")
+        return _woq_gemm(x, w, None, s, z, group_size, g_idx)
+
+    def mm_bias_int4(x, w, bias, s, z, group_size, g_idx):
+        _touch(x, w, bias, s, z)
+        WOQ_CALLS.append("mm_bias_int4")
+        return _woq_gemm(x, w, bias, s, z, group_size, g_idx)
+
+    def mm_w4a8(x, w, s, z, act_quant_mode, group_size, g_idx):
+        _touch(x, w, s, z)
+        WOQ_CALLS.append("mm_w4a8")
+        return _woq_gemm(x, w, None, s, z, group_size, g_idx, w4a8=True)
+
+    def mm_bias_w4a8(x, w, bias, s, z, act_quant_mode, group_size, g_idx):
+        _touch(x, w, bias, s, z)
+        WOQ_CALLS.append("mm_bias_w4a8")
+        return _woq_gemm(x, w, bias, s, z, group_size, g_idx, w4a8=True)
+
+    def mm_low_bits(x, w, s, z, bias, has_bias, compute, weight, group_size, g_idx):
+        _touch(x, w, s)
+        WOQ_CALLS.append("mm_low_bits")
+        return _woq_gemm(x, w, bias if has_bias else None, s, z, group_size, g_idx)
+
+    def int4x8_dequantize(w, s, z, group_size):
+        _touch(w, s)
+        WOQ_CALLS.append("int4x8_dequantize")
+        _require(
+            s.dtype == torch.float16,
+            "int4 dequantize: scale dtype should be half type.",
+        )
+        return _woq_weight(w, s, z, group_size).to(s.dtype)  # new contiguous [K, N]
+
+    def mm_common(a, b):
+        _touch(a, b)
+        WOQ_CALLS.append("mm_common")
+        out = a.reshape(-1, a.shape[-1]).float() @ b.float()
+        return out.to(a.dtype).reshape(*a.shape[:-1], b.shape[1])
+
+    return {
+        "mm_int4.xpu": mm_int4,
+        "mm_bias_int4.xpu": mm_bias_int4,
+        "mm_w4a8.xpu": mm_w4a8,
+        "mm_bias_w4a8.xpu": mm_bias_w4a8,
+        "mm_low_bits.xpu": mm_low_bits,
+        "int4x8_dequantize.xpu": int4x8_dequantize,
+        "mm_common.xpu": mm_common,
+    }
+
+
+def define_torch_ipex_woq_kernels() -> dict:
+    """Define the IPEX WOQ ops that are not defined yet, as IPEX does: a
+    CompositeImplicitAutograd kernel (here the reference one), CONSERVATIVE
+    alias analysis. Keep the returned library referenced."""
+    lib = torch.library.Library("torch_ipex", "FRAGMENT")
+    kernels = _woq_kernels()
+    defined = []
+    for name, schema in TORCH_IPEX_WOQ_SCHEMAS.items():
+        op_name, _, overload = name.partition(".")
+        packet = getattr(torch.ops.torch_ipex, op_name, None)
+        if packet is not None and overload in packet.overloads():
+            continue
+        lib.define(schema, alias_analysis="CONSERVATIVE")
+        lib.impl(name, kernels[name], "CompositeImplicitAutograd")
+        defined.append(name)
+    return {"library": lib, "ops": defined}
+
+
+class ReferenceWOQLinear(torch.nn.Module):
+    """CPU stand-in of IPEX's XPU ``WeightOnlyQuantizedLinear`` as
+    ``IPEXWeightOnlyQuantizedLinear.from_weight`` prepares it for vLLM, and
+    of its forward, which dispatches to the torch_ipex WOQ ops:
+
+    * oneDNN layout (the default on devices with XMX and 2-D block loads):
+      ``mm_int4`` / ``mm_bias_int4``, or with ``USE_W4A8_COMPUTE``
+      ``mm_w4a8`` / ``mm_bias_w4a8``;
+    * XeTLA layout (other devices, or ``IPEX_COMPUTE_ENG=XETLA``): one row,
+      ``mm_low_bits``; more, ``int4x8_dequantize`` then ``mm_common``.
+    """
+
+    def __init__(self, qweight, scales, qzeros, bias, group_size, g_idx, engine, w4a8):
+        super().__init__()
+        self.qweight, self.scales, self.qzeros = qweight, scales, qzeros
+        self.bias, self.blocksize, self.g_idx = bias, group_size, g_idx
+        self.engine, self.w4a8 = engine, w4a8
+
+    @classmethod
+    def from_weight(
+        cls,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        qzeros: torch.Tensor | None,
+        in_features: int,
+        out_features: int,
+        qconfig=None,
+        bias: torch.Tensor | None = None,
+        group_size: int = -1,
+        g_idx: torch.Tensor | None = None,
+        quant_method: int = 0,
+        engine: str | None = None,
+        w4a8: bool | None = None,
+        **kwargs,
+    ) -> "ReferenceWOQLinear":
+        """quant_method 0: GPTQ (qweight int32 [K/8, N] packed along K,
+        symmetric, zero point 8); 1: AWQ (qweight int32 [K, N/8] packed along
+        N in AutoAWQ's order, qzeros [K/G, N/8]). in_features is not used
+        (vLLM's GPTQ passes K/8 there)."""
+        import os
+
+        engine = engine or (
+            "xetla"
+            if os.environ.get("IPEX_COMPUTE_ENG", "").upper() == "XETLA"
+            else "onednn"
+        )
+        if w4a8 is None:
+            w4a8 = os.environ.get("USE_W4A8_COMPUTE", "").upper() in (
+                "1",
+                "Y",
+                "ON",
+                "YES",
+                "TRUE",
+            )
+        if quant_method == 1:  # AWQ -> the GPTQ packing
+            values = _unpack_awq(qweight)  # [K, N]
+            zeros = _unpack_awq(qzeros)  # [K/G, N]
+            zeros = _pack_rows(zeros.t().contiguous()).t().contiguous()
+        else:
+            values = unpack_int4(qweight, dim=0)  # [K, N]
+            zeros = None
+        k = values.shape[0]
+        group = group_size if group_size > 0 else k
+        runtime_g_idx = None
+        if g_idx is not None:  # act-order: sort rows by group, permute inputs
+            perm = torch.argsort(g_idx.long(), stable=True)
+            values = values[perm]
+            runtime_g_idx = perm.to(torch.int32)
+        packed = _pack_rows(values)  # [K/8, N]
+        if engine == "onednn":
+            weight = packed.t().contiguous().t()  # [K/8, N], strides (1, K/8)
+            zp = zeros if zeros is not None else torch.tensor([8], dtype=torch.int8)
+            return cls(
+                weight,
+                scales.contiguous(),
+                zp,
+                bias,
+                group,
+                runtime_g_idx,
+                engine,
+                w4a8,
+            )
+        return cls(
+            packed.t().contiguous(),  # [N, K/8]
+            scales.t().contiguous().half(),  # [N, K/G]
+            zeros,
+            None if bias is None else bias.half(),
+            group,
+            runtime_g_idx,
+            engine,
+            False,
+        )
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        ops = torch.ops.torch_ipex
+        if self.engine == "onednn":
+            if self.bias is not None:
+                if self.w4a8:
+                    return ops.mm_bias_w4a8(
+                        input,
+                        self.qweight,
+                        self.bias,
+                        self.scales,
+                        self.qzeros,
+                        2,
+                        self.blocksize,
+                        self.g_idx,
+                    )
+                return ops.mm_bias_int4(
+                    input,
+                    self.qweight,
+                    self.bias,
+                    self.scales,
+                    self.qzeros,
+                    self.blocksize,
+                    self.g_idx,
+                )
+            if self.w4a8:
+                return ops.mm_w4a8(
+                    input,
+                    self.qweight,
+                    self.scales,
+                    self.qzeros,
+                    2,
+                    self.blocksize,
+                    self.g_idx,
+                )
+            return ops.mm_int4(
+                input,
+                self.qweight,
+                self.scales,
+                self.qzeros,
+                self.blocksize,
+                self.g_idx,
+            )
+        m = input.shape[0] if input.dim() == 2 else input.shape[1]
+        if m > 1:
+            if self.g_idx is not None:
+                input = input[..., self.g_idx]
+            weight = ops.int4x8_dequantize(
+                self.qweight, self.scales, self.qzeros, self.blocksize
+            )
+            out = ops.mm_common(input, weight)
+            if self.bias is not None:
+                out += self.bias
+            return out
+        return ops.mm_low_bits(
+            input,
+            self.qweight,
+            self.scales,
+            self.qzeros,
+            self.bias,
+            self.bias is not None,
+            "fp32",
+            "int4_fullrange",
+            self.blocksize,
+            self.g_idx,
+        )

@@ -1,0 +1,188 @@
+"""Run one IPEX-era vLLM release's own AWQ / GPTQ linear method, with IPEX
+replaced by the CPU reference kernels, and report which torch_ipex ops its
+apply() reaches and whether torch.compile can compile it.
+
+Run in a separate process with a Python that has vLLM's dependencies
+(.venv-tree):
+
+    python woq_probe.py TREE METHOD ENGINE OUT.json
+
+METHOD is gptq, gptq-act-order, awq (IPEXGPTQLinearMethod /
+IPEXAWQLinearMethod) or wna16 (XPUwNa16LinearKernel, 0.13.0+); ENGINE onednn
+or xetla. vLLM's files
+come from TREE; only intel_extension_for_pytorch, which cannot exist on a CPU,
+is a stand-in (its WOQ module is the reference one, whose forward dispatches
+to the torch_ipex ops as IPEX's XPU forward does).
+"""
+
+import enum
+import importlib.util
+import inspect
+import json
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REFERENCE = (
+    HERE.parents[1]
+    / "vllm_overlay"
+    / "tests"
+    / "kernels"
+    / "quantization"
+    / "xpu_gemm_reference.py"
+)
+K, N, GROUP = 256, 128, 64
+
+
+def load_reference():
+    spec = importlib.util.spec_from_file_location("xpu_gemm_reference", REFERENCE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["xpu_gemm_reference"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def stub_ipex(reference, engine: str) -> None:
+    """The parts of intel_extension_for_pytorch vLLM's IPEX methods use."""
+    ipex = types.ModuleType("intel_extension_for_pytorch")
+    ipex.__version__ = "2.8.10+xpu"
+    quantization = types.ModuleType("intel_extension_for_pytorch.quantization")
+    quantization.WoqLowpMode = enum.Enum("WoqLowpMode", "NONE FP16 BF16 INT8")
+    quantization.WoqWeightDtype = enum.Enum("WoqWeightDtype", "INT8 INT4 NF4")
+    quantization.WoqActQuantMode = enum.Enum(
+        "WoqActQuantMode", "PER_TENSOR PER_IC_BLOCK PER_BATCH PER_BATCH_IC_BLOCK"
+    )
+    quantization.WoqWeightQScheme = enum.Enum(
+        "WoqWeightQScheme", "UNDEFINED ASYMMETRIC SYMMETRIC"
+    )
+    quantization.get_weight_only_quant_qconfig_mapping = lambda **kw: (
+        types.SimpleNamespace(**kw)
+    )
+    woq_linear = types.ModuleType(
+        "intel_extension_for_pytorch.llm.quantization.woq_linear"
+    )
+
+    class IPEXWeightOnlyQuantizedLinear:
+        @staticmethod
+        def from_weight(*args, **kwargs):
+            return reference.ReferenceWOQLinear.from_weight(
+                *args, engine=engine, **kwargs
+            )
+
+    woq_linear.IPEXWeightOnlyQuantizedLinear = IPEXWeightOnlyQuantizedLinear
+    llm = types.ModuleType("intel_extension_for_pytorch.llm")
+    llm_quantization = types.ModuleType("intel_extension_for_pytorch.llm.quantization")
+    llm_quantization.woq_linear = woq_linear
+    llm.quantization = llm_quantization
+    ipex.quantization, ipex.llm = quantization, llm
+    for module in (ipex, quantization, llm, llm_quantization, woq_linear):
+        sys.modules[module.__name__] = module
+
+
+def pack_rows(values: torch.Tensor) -> torch.Tensor:
+    """[R, C] 4-bit values -> int32 [R/8, C], packed along R."""
+    r, c = values.shape
+    word = torch.zeros(r // 8, c, dtype=torch.int64)
+    for i in range(8):
+        word |= values[i::8].long() << (4 * i)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def make_layer(method: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layer = torch.nn.Module()
+    layer.bias = None
+    layer.skip_bias_add = False
+    layer.scales = torch.rand(K // GROUP, N, dtype=torch.float16) / 8
+    zeros = torch.randint(0, 16, (K // GROUP, N))
+    if method.startswith("gptq"):
+        layer.qweight = pack_rows(torch.randint(0, 16, (K, N)))  # [K/8, N]
+        layer.qzeros = pack_rows(zeros.t()).t().contiguous()  # [K/G, N/8]
+        layer.g_idx = (torch.arange(K) // GROUP)[torch.randperm(K)].to(torch.int32)
+    else:  # AWQ: [K, N/8] packed along N
+        layer.qweight = pack_rows(torch.randint(0, 16, (N, K))).t().contiguous()
+        layer.qzeros = pack_rows(zeros.t()).t().contiguous()
+    return layer
+
+
+def wna16(layer: torch.nn.Module):
+    """vLLM's XPUwNa16LinearKernel for a symmetric int4 layer (0.13.0+)."""
+    base = "vllm.model_executor.layers.quantization.kernels.mixed_precision."
+    xpu = importlib.import_module(base + "xpu")
+    config_cls = importlib.import_module(base + "MPLinearKernel").MPLinearLayerConfig
+    scalar_types = importlib.import_module("vllm.scalar_type").scalar_types
+    config = config_cls(
+        full_weight_shape=(K, N),
+        partition_weight_shape=(K, N),
+        weight_type=scalar_types.uint4b8,
+        act_type=torch.float16,
+        group_size=GROUP,
+        zero_points=False,
+        has_g_idx=False,
+    )
+    kernel = xpu.XPUwNa16LinearKernel(config, "weight_packed", "weight_scale")
+    layer.weight_packed = pack_rows(torch.randint(0, 16, (K, N))).t().contiguous()
+    layer.weight_scale = torch.rand(N, K // GROUP, dtype=torch.float16) / 8
+    kernel.process_weights_after_loading(layer)
+    return kernel.apply_weights
+
+
+def main(tree: str, method: str, engine: str, out: str) -> None:
+    sys.path.insert(0, tree)
+    reference = load_reference()
+    library = reference.define_torch_ipex_woq_kernels()  # noqa: F841
+    stub_ipex(reference, engine)
+    if method == "wna16":
+        layer = torch.nn.Module()
+        layer.bias, layer.skip_bias_add = None, False
+        run(wna16(layer), layer, reference, out)
+        return
+    ipex_quant = importlib.import_module(
+        "vllm.model_executor.layers.quantization.ipex_quant"
+    )
+    kwargs = {
+        "method": method.split("-")[0],
+        "weight_bits": 4,
+        "group_size": GROUP,
+        "desc_act": method == "gptq-act-order",
+        "is_sym": method.startswith("gptq"),
+    }
+    accepted = inspect.signature(ipex_quant.IPEXConfig).parameters
+    config = ipex_quant.IPEXConfig(**{k: v for k, v in kwargs.items() if k in accepted})
+    cls = (
+        ipex_quant.IPEXGPTQLinearMethod
+        if method.startswith("gptq")
+        else ipex_quant.IPEXAWQLinearMethod
+    )
+    linear = cls(config)
+    layer = make_layer(method)
+    linear.process_weights_after_loading(layer)
+    run(linear.apply, layer, reference, out)
+
+
+def run(apply, layer: torch.nn.Module, reference, out: str) -> None:
+    """apply() eagerly (which torch_ipex ops it reaches), then compiled."""
+    x = torch.randn(2, 8, K, dtype=torch.float16)
+    reference.WOQ_CALLS.clear()
+    expected = apply(layer, x)
+    result = {
+        "ops_met": list(reference.WOQ_CALLS),
+        "module": type(layer.ipex_qlinear).__name__,
+        "shape": list(expected.shape),
+    }
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: apply(layer, t), fullgraph=True)
+    try:
+        got = compiled(x)
+        torch.testing.assert_close(got, expected)
+        result["compile"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported
+        result["compile"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
+    Path(out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

@@ -1,0 +1,187 @@
+"""The IPEX weight-only-quantized (int4 AWQ / GPTQ) linear of the IPEX-era
+releases: vLLM's own apply() with IPEX replaced by the reference kernels,
+which ops it reaches, and whether torch.compile can compile it before and
+after the series; the vllm::ipex_woq_linear op's fake over the weight
+formats, in each patched tree.
+
+The vLLM-level probe (support/woq_probe.py) imports the release's
+ipex_quant.py, which needs vLLM's dependencies: it runs with .venv-tree's
+Python, which `make test` sets up.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from support import releases, standins
+from xpufakes import loading, paths
+from xpufakes.authoring import version_tuple
+
+TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
+PROBE = Path(__file__).parent / "support" / "woq_probe.py"
+
+# what IPEX's XPU forward calls, per format (docs/ipex-woq-ops.md §5)
+EXPECTED_OPS = {
+    "onednn": ["mm_int4"],
+    "xetla": ["int4x8_dequantize", "mm_common"],
+}
+
+
+def _probe(tree: Path, method: str, engine: str, tmp_path: Path) -> dict:
+    out = tmp_path / f"{method}-{engine}.json"
+    done = subprocess.run(
+        [str(TREE_PYTHON), str(PROBE), str(tree), method, engine, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+    )
+    assert out.is_file(), done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+needs_tree_python = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
+
+
+# vLLM's three IPEX int4 paths, each on one of IPEX's two layouts (the
+# layout only changes which torch_ipex ops IPEX's forward calls).
+PATHS = [
+    ("gptq", "onednn"),
+    ("gptq-act-order", "xetla"),
+    ("awq", "onednn"),
+    ("awq", "xetla"),
+    ("wna16", "onednn"),
+]
+
+
+@needs_tree_python
+@pytest.mark.parametrize("method,engine", PATHS)
+def test_vllm_apply_reaches_the_woq_ops_and_compiles_only_patched(
+    ipex_sample_release, method, engine, tmp_path
+):
+    ipex_release = ipex_sample_release
+    if method == "wna16" and version_tuple(ipex_release) < (0, 13, 0):
+        pytest.skip("XPUwNa16LinearKernel arrived in vLLM 0.13.0")
+    unpatched = _probe(releases.pristine(ipex_release), method, engine, tmp_path)
+    assert unpatched["ops_met"] == EXPECTED_OPS[engine], unpatched
+    assert "Cannot access data pointer" in unpatched["compile"], unpatched["compile"]
+
+    patched = _probe(releases.patched(ipex_release), method, engine, tmp_path)
+    assert patched["module"] == "IPEXWoqLinearOp"
+    assert patched["ops_met"] == EXPECTED_OPS[engine]
+    assert patched["compile"] == "ok", patched["compile"]
+
+
+def _load(release: str):
+    sys.dont_write_bytecode = True
+    tree = releases.patched(release)
+    libraries = [loading.reference().define_torch_ipex_woq_kernels()]
+    libraries += standins.define_standins(release)
+    standins.import_vllm_module(tree, release)
+    sys.path.insert(0, str(tree))
+    import vllm._ipex_woq_linear as woq
+
+    assert Path(woq.__file__).is_relative_to(tree)
+    return libraries, woq
+
+
+@pytest.mark.forked
+def test_woq_op_fake_matches_every_format(ipex_release):
+    """opcheck of vllm::ipex_woq_linear, as the tree defines it, over the
+    formats the AWQ / GPTQ paths produce: oneDNN and XeTLA layouts, bias,
+    act-order g_idx, W4A8 compute; one row (XeTLA's mm_low_bits) and more."""
+    libraries, woq = _load(ipex_release)  # noqa: F841
+    ref = loading.reference()
+    failures = {}
+    count = 0
+    k, n, group = 128, 64, 32
+    for method in ("gptq", "awq"):
+        for engine, bias, act_order, w4a8, rows, dtype in [
+            ("onednn", False, False, False, 5, torch.float16),
+            ("onednn", True, True, False, 1, torch.bfloat16),
+            ("onednn", True, False, True, 5, torch.bfloat16),
+            ("onednn", False, True, True, 1, torch.float16),
+            ("xetla", False, False, False, 1, torch.float16),
+            ("xetla", True, True, False, 5, torch.float16),
+            ("xetla", True, False, False, 5, torch.bfloat16),
+            ("xetla", False, True, False, 1, torch.bfloat16),
+        ]:
+            if method == "awq" and act_order:
+                continue
+            module = _module(
+                ref, method, engine, bias, act_order, w4a8, dtype, k, n, group
+            )
+            op = woq.opaque_ipex_woq_linear(module, n)
+            x = torch.randn(rows, k, dtype=dtype)
+            ref.WOQ_CALLS.clear()
+            torch.testing.assert_close(op(x), module(x))
+            case = f"{method}-{engine}-{bias}-{act_order}-{w4a8}-{rows}x{dtype}"
+            try:
+                torch.library.opcheck(
+                    torch.ops.vllm.ipex_woq_linear.default,
+                    (x, op.handle, n),
+                    test_utils=("test_faketensor", "test_aot_dispatch_dynamic"),
+                )
+            except Exception as e:  # noqa: BLE001 - collected
+                failures[case] = str(e).splitlines()[0]
+            count += 1
+    assert count == 12 and failures == {}
+
+
+def _module(ref, method, engine, bias, act_order, w4a8, dtype, k, n, group):
+    torch.manual_seed(0)
+
+    def pack(values):
+        word = torch.zeros(values.shape[0] // 8, values.shape[1], dtype=torch.int64)
+        for i in range(8):
+            word |= values[i::8].long() << (4 * i)
+        return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+    if method == "gptq":
+        qweight = pack(torch.randint(0, 16, (k, n)))
+    else:
+        qweight = pack(torch.randint(0, 16, (n, k))).t().contiguous()
+    return ref.ReferenceWOQLinear.from_weight(
+        qweight,
+        (torch.rand(k // group, n) / 8).to(dtype),
+        pack(torch.randint(0, 16, (n, k // group))).t().contiguous(),
+        k,
+        n,
+        bias=torch.randn(n, dtype=dtype) if bias else None,
+        group_size=group,
+        g_idx=(torch.arange(k) // group)[torch.randperm(k)].int()
+        if act_order
+        else None,
+        quant_method=0 if method == "gptq" else 1,
+        engine=engine,
+        w4a8=w4a8,
+    )
+
+
+@pytest.mark.forked
+def test_a_wrong_woq_fake_is_caught(ipex_release):
+    """Negative control: the same opcheck with a fake that gets the rank
+    wrong (flattened) or the dtype (fp32) fails."""
+    libraries, woq = _load(ipex_release)  # noqa: F841
+    ref = loading.reference()
+    module = _module(
+        ref, "gptq", "onednn", False, False, False, torch.float16, 128, 64, 32
+    )
+    op = woq.opaque_ipex_woq_linear(module, 64)
+    torch.library.register_fake(  # this process only (forked)
+        "vllm::ipex_woq_linear",
+        lambda x, handle, n: x.new_empty((*x.shape[:-1], n), dtype=torch.float32),
+    )
+    with pytest.raises(Exception, match="test_faketensor"):
+        torch.library.opcheck(
+            torch.ops.vllm.ipex_woq_linear.default,
+            (torch.randn(3, 128, dtype=torch.float16), op.handle, 64),
+            test_utils=("test_faketensor",),
+        )
