@@ -78,13 +78,13 @@ venv-tree: $(TREE_VENV)/.installed
 $(TREE_VENV)/.installed: requirements-tree.txt
 	@test -x $(TREE_VENV)/bin/python || $(PYTHON) -m venv $(TREE_VENV)
 	tree=$$($(TOOL) fetch --path $(TREE_TEST_RELEASE)) && \
-		$(TREE_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		$(TREE_VENV)/bin/python -m pip install -qq --disable-pip-version-check \
 		-r requirements-tree.txt -r "$$tree/requirements/common.txt"
 	@touch $@
 
 $(VENV)/.installed: requirements-test.txt
 	@test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
-	$(VENV_PYTHON) -m pip install --quiet --disable-pip-version-check \
+	$(VENV_PYTHON) -m pip install -qq --disable-pip-version-check \
 		-r requirements-test.txt
 	@touch $@
 
