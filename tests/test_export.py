@@ -42,21 +42,7 @@ def applied(sample_release, tmp_path):
 def test_export_applies_with_patch(sample_release, exported, applied, tmp_path):
     out, names = exported
     tree = releases.copy_of(sample_release, tmp_path / "by-patch")
-    for name in names:
-        subprocess.run(
-            [
-                "patch",
-                "-s",
-                "-p1",
-                "-F0",
-                "-N",
-                "--no-backup-if-mismatch",
-                "-i",
-                str(out / name),
-            ],
-            cwd=tree,
-            check=True,
-        )
+    releases.gnu_patch(tree, [out / name for name in names])
     assert releases.file_hashes(tree) == applied
 
 

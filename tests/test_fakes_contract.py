@@ -182,6 +182,77 @@ def test_reference_ipex_gemm_takes_an_nk_weight_when_trans_b():
     torch.testing.assert_close(got_n, expected, rtol=1e-2, atol=1e-2)
 
 
+AUTOAWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds column [i]
+
+
+@pytest.mark.parametrize(
+    "method,engine,act_order,bias,rows",
+    [
+        ("gptq", "onednn", False, False, 5),
+        ("gptq", "onednn", True, True, 1),
+        ("gptq", "xetla", True, False, 5),
+        ("gptq", "xetla", False, True, 1),
+        ("awq", "onednn", False, True, 5),
+        ("awq", "xetla", False, False, 5),
+        ("awq", "xetla", False, True, 1),
+    ],
+)
+def test_reference_woq_linear_is_the_dense_product(
+    method, engine, act_order, bias, rows
+):
+    """The reference of IPEX's WOQ linear (both layouts, both packings,
+    act-order, bias, one row and more) computes x @ ((q - z) * s)."""
+    library = ref.define_torch_ipex_woq_kernels()  # noqa: F841
+    k, n, g = 64, 16, 32
+    q = torch.randint(0, 16, (k, n))
+    scales = torch.rand(k // g, n, dtype=torch.float16) + 0.5
+    groups = torch.arange(k) // g
+    if method == "gptq":  # symmetric: zero point 8
+        zeros = torch.full((k // g, n), 8)
+        qweight = _pack_nibbles(q.t(), 8, torch.int32).t().contiguous()  # [K/8, N]
+        qzeros = torch.zeros(k // g, n // 8, dtype=torch.int32)  # ignored
+        if act_order:
+            groups = groups[torch.randperm(k)]
+    else:
+        zeros = torch.randint(0, 16, (k // g, n))
+        order = torch.tensor(
+            [8 * c + AUTOAWQ_ORDER[i] for c in range(n // 8) for i in range(8)]
+        )
+        qweight = _pack_nibbles(q[:, order], 8, torch.int32)  # [K, N/8]
+        qzeros = _pack_nibbles(zeros[:, order], 8, torch.int32)  # [K/G, N/8]
+    b = torch.randn(n, dtype=torch.float16) if bias else None
+    module = ref.ReferenceWOQLinear.from_weight(
+        qweight,
+        scales,
+        qzeros,
+        k,
+        n,
+        bias=b,
+        group_size=g,
+        g_idx=groups.int() if act_order else None,
+        quant_method=0 if method == "gptq" else 1,
+        engine=engine,
+    )
+    x = torch.randn(rows, k, dtype=torch.float16)
+    ref.WOQ_CALLS.clear()
+    got = module(x)
+    expected_ops = {
+        ("onednn", False): ["mm_int4"],
+        ("onednn", True): ["mm_bias_int4"],
+        ("xetla", False): ["mm_low_bits"]
+        if rows == 1
+        else ["int4x8_dequantize", "mm_common"],
+        ("xetla", True): ["mm_low_bits"]
+        if rows == 1
+        else ["int4x8_dequantize", "mm_common"],
+    }
+    assert expected_ops[(engine, bias)] == ref.WOQ_CALLS
+    w = (q.double() - zeros[groups].double()) * scales[groups].double()
+    expected = x.double() @ w + (b.double() if bias else 0)
+    torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-1)
+    assert got.is_contiguous() and got.dtype == x.dtype
+
+
 # The layout rule, with the examples of kernel-contracts.md §4 (K=8, N=16).
 BF16 = torch.bfloat16
 LAYOUT_EXAMPLES = [

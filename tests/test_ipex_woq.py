@@ -137,13 +137,7 @@ def test_woq_op_fake_matches_every_format(ipex_release):
 
 def _module(ref, method, engine, bias, act_order, w4a8, dtype, k, n, group):
     torch.manual_seed(0)
-
-    def pack(values):
-        word = torch.zeros(values.shape[0] // 8, values.shape[1], dtype=torch.int64)
-        for i in range(8):
-            word |= values[i::8].long() << (4 * i)
-        return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
-
+    pack = ref.pack_int4_rows
     if method == "gptq":
         qweight = pack(torch.randint(0, 16, (k, n)))
     else:

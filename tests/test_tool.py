@@ -43,21 +43,7 @@ def test_apply_reapply_revert(sample_release, tmp_path):
 
     # the tree now holds what `patch -p1 -F0` and a copy of the overlay give
     reference = releases.copy_of(release, tmp_path / "by-patch")
-    for patch in loaded.patches:
-        subprocess.run(
-            [
-                "patch",
-                "-s",
-                "-p1",
-                "-F0",
-                "-N",
-                "--no-backup-if-mismatch",
-                "-i",
-                str(patch.path),
-            ],
-            cwd=reference,
-            check=True,
-        )
+    releases.gnu_patch(reference, [patch.path for patch in loaded.patches])
     for path in loaded.overlay:
         shutil.copy(series.overlay_source(path), reference / path)
     assert releases.file_hashes(reference) == patched

@@ -94,3 +94,25 @@ def apply(root: Path) -> None:
     plan = engine.Plan(found, pin, series.load(pin.series))
     state = engine.inspect(plan)
     transaction.commit(engine.changes_to_apply(plan, state))
+
+
+def gnu_patch(tree: Path, patches) -> None:
+    """Apply patch files in order with GNU patch, zero fuzz, as a packager
+    would (no backup files)."""
+    import subprocess
+
+    for path in patches:
+        subprocess.run(
+            [
+                "patch",
+                "-s",
+                "-p1",
+                "-F0",
+                "-N",
+                "--no-backup-if-mismatch",
+                "-i",
+                str(path),
+            ],
+            cwd=tree,
+            check=True,
+        )

@@ -82,16 +82,7 @@ def stub_ipex(reference, engine: str) -> None:
         sys.modules[module.__name__] = module
 
 
-def pack_rows(values: torch.Tensor) -> torch.Tensor:
-    """[R, C] 4-bit values -> int32 [R/8, C], packed along R."""
-    r, c = values.shape
-    word = torch.zeros(r // 8, c, dtype=torch.int64)
-    for i in range(8):
-        word |= values[i::8].long() << (4 * i)
-    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
-
-
-def make_layer(method: str) -> torch.nn.Module:
+def make_layer(method: str, pack_rows) -> torch.nn.Module:
     torch.manual_seed(0)
     layer = torch.nn.Module()
     layer.bias = None
@@ -108,7 +99,7 @@ def make_layer(method: str) -> torch.nn.Module:
     return layer
 
 
-def wna16(layer: torch.nn.Module):
+def wna16(layer: torch.nn.Module, pack_rows):
     """vLLM's XPUwNa16LinearKernel for a symmetric int4 layer (0.13.0+)."""
     base = "vllm.model_executor.layers.quantization.kernels.mixed_precision."
     xpu = importlib.import_module(base + "xpu")
@@ -138,7 +129,7 @@ def main(tree: str, method: str, engine: str, out: str) -> None:
     if method == "wna16":
         layer = torch.nn.Module()
         layer.bias, layer.skip_bias_add = None, False
-        run(wna16(layer), layer, reference, out)
+        run(wna16(layer, reference.pack_int4_rows), layer, reference, out)
         return
     ipex_quant = importlib.import_module(
         "vllm.model_executor.layers.quantization.ipex_quant"
@@ -158,7 +149,7 @@ def main(tree: str, method: str, engine: str, out: str) -> None:
         else ipex_quant.IPEXAWQLinearMethod
     )
     linear = cls(config)
-    layer = make_layer(method)
+    layer = make_layer(method, reference.pack_int4_rows)
     linear.process_weights_after_loading(layer)
     run(linear.apply, layer, reference, out)
 

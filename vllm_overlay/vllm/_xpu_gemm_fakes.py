@@ -122,9 +122,13 @@ def _check_contiguous(t: torch.Tensor | None, what: str, kind: str) -> None:
 
 
 def _onednn_output(
-    A: torch.Tensor, B: torch.Tensor, dtype: torch.dtype
+    A: torch.Tensor,
+    B: torch.Tensor,
+    dtype: torch.dtype | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``check_and_create_output_tensor``: its checks, then the output."""
+    """``check_and_create_output_tensor``: its checks, then a new output of
+    ``dtype`` (float16 if None), or ``out`` itself once it is checked."""
     torch._check(
         A.dim() in (2, 3), lambda: "OneDNN Matmul only support 2D and 3D inputs!"
     )
@@ -147,7 +151,35 @@ def _onednn_output(
         )
     if B.dtype == torch.int32:
         torch._check(B.stride(-2) == 1, lambda: "Int4 weight must be in NT format!")
-    return _strided_output(A, B.size(-1), dtype)
+    if out is not None:
+        _check_out(out, A, B, dtype)
+        return out
+    return _strided_output(A, B.size(-1), torch.float16 if dtype is None else dtype)
+
+
+def _check_out(
+    out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype | None
+) -> None:
+    expected = (*A.shape[:-1], B.size(-1))
+    torch._check(
+        out.device == A.device,
+        lambda: f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
+    )
+    torch._check(
+        tuple(out.shape) == expected,
+        lambda: (
+            "OneDNN Matmul expects out of shape "
+            f"[{', '.join(map(str, expected))}], got {_sizes(out)}."
+        ),
+    )
+    torch._check(
+        out_dtype is None or out.dtype == out_dtype,
+        lambda: (
+            "OneDNN Matmul expects out of dtype "
+            f"{_scalar_type_name(out_dtype or out.dtype)}, "
+            f"got {_scalar_type_name(out.dtype)}."
+        ),
+    )
 
 
 def _strided_output(A: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -232,6 +264,26 @@ def _check_fp8_group_size(
         )
 
 
+def _fp8_gemm_common(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out_dtype: torch.dtype | None,
+    A_scale: torch.Tensor | None,
+    B_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    _check_contiguous(A_scale, "A_scale", "fp8")
+    _check_contiguous(B_scale, "B_scale", "fp8")
+    _check_contiguous(bias, "bias", "fp8")
+    result = _onednn_output(A, B, out_dtype, out)
+    _check_fp8_pair(A, B)
+    _check_half_output(result, "fp8")
+    _check_fp8_group_size(A_scale, B_scale)
+    _check_bias(bias, A, result.size(-1))
+    return result
+
+
 def fp8_gemm_fake(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -240,15 +292,7 @@ def fp8_gemm_fake(
     B_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    _check_contiguous(A_scale, "A_scale", "fp8")
-    _check_contiguous(B_scale, "B_scale", "fp8")
-    _check_contiguous(bias, "bias", "fp8")
-    out = _onednn_output(A, B, torch.float16 if out_dtype is None else out_dtype)
-    _check_fp8_pair(A, B)
-    _check_half_output(out, "fp8")
-    _check_fp8_group_size(A_scale, B_scale)
-    _check_bias(bias, A, out.size(-1))
-    return out
+    return _fp8_gemm_common(A, B, out_dtype, A_scale, B_scale, bias)
 
 
 def fp8_gemm_out_fake(
@@ -262,35 +306,7 @@ def fp8_gemm_out_fake(
 ) -> torch.Tensor:
     # The kernel writes into ``out`` and returns ``out`` itself, although the
     # schema declares a plain ``Tensor`` return; so does the fake.
-    _check_contiguous(A_scale, "A_scale", "fp8")
-    _check_contiguous(B_scale, "B_scale", "fp8")
-    _check_contiguous(bias, "bias", "fp8")
-    _onednn_output(A, B, out.dtype)
-    expected = (*A.shape[:-1], B.size(-1))
-    torch._check(
-        out.device == A.device,
-        lambda: f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
-    )
-    torch._check(
-        tuple(out.shape) == expected,
-        lambda: (
-            "OneDNN Matmul expects out of shape "
-            f"[{', '.join(map(str, expected))}], got {_sizes(out)}."
-        ),
-    )
-    torch._check(
-        out_dtype is None or out.dtype == out_dtype,
-        lambda: (
-            "OneDNN Matmul expects out of dtype "
-            f"{_scalar_type_name(out_dtype or out.dtype)}, "
-            f"got {_scalar_type_name(out.dtype)}."
-        ),
-    )
-    _check_fp8_pair(A, B)
-    _check_half_output(out, "fp8")
-    _check_fp8_group_size(A_scale, B_scale)
-    _check_bias(bias, A, B.size(-1))
-    return out
+    return _fp8_gemm_common(A, B, out_dtype, A_scale, B_scale, bias, out)
 
 
 def fp8_bmm_fake(
@@ -305,7 +321,7 @@ def fp8_bmm_fake(
     torch._check(B.dim() == 3, lambda: "fp8_bmm expects B to be a 3D tensor")
     _check_contiguous(A_scale, "A_scale", "fp8")
     _check_contiguous(B_scale, "B_scale", "fp8")
-    out = _onednn_output(A, B, torch.float16 if out_dtype is None else out_dtype)
+    out = _onednn_output(A, B, out_dtype)
     _check_fp8_pair(A, B)
     _check_half_output(out, "fp8")
     if bias is not None:
@@ -348,7 +364,7 @@ def fp4_gemm_fake(
     # come from the packed A.size(-1).
     _check_contiguous(A_scale, "A_scale", "fp4")
     _check_contiguous(B_scale, "B_scale", "fp4")
-    out = _onednn_output(A, B, torch.float16 if out_dtype is None else out_dtype)
+    out = _onednn_output(A, B, out_dtype)
     torch._check(
         A.dtype == _FP4_DTYPE and B.dtype == _FP4_DTYPE,
         lambda: "input and weight must be f4_e2m1x2 or f4_e2m1x2 for fp4 matmul",

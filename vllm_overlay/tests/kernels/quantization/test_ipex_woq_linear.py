@@ -33,14 +33,6 @@ K, N, GROUP = 256, 128, 64
 TEST_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def _pack_rows(values: torch.Tensor) -> torch.Tensor:
-    r, c = values.shape
-    word = torch.zeros(r // 8, c, dtype=torch.int64)
-    for i in range(8):
-        word |= values[i::8].long() << (4 * i)
-    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
-
-
 def make_module(
     method: str,
     engine: str,
@@ -55,11 +47,15 @@ def make_module(
     methods make it."""
     torch.manual_seed(0)
     scales = (torch.rand(k // GROUP, n) / 8).to(dtype)
-    zeros = _pack_rows(torch.randint(0, 16, (n, k // GROUP))).t().contiguous()
+    zeros = (
+        reference.pack_int4_rows(torch.randint(0, 16, (n, k // GROUP))).t().contiguous()
+    )
     if method == "gptq":
-        qweight = _pack_rows(torch.randint(0, 16, (k, n)))  # [K/8, N]
+        qweight = reference.pack_int4_rows(torch.randint(0, 16, (k, n)))  # [K/8, N]
     else:
-        qweight = _pack_rows(torch.randint(0, 16, (n, k))).t().contiguous()  # [K, N/8]
+        qweight = (
+            reference.pack_int4_rows(torch.randint(0, 16, (n, k))).t().contiguous()
+        )  # [K, N/8]
     g_idx = (torch.arange(k) // GROUP)[torch.randperm(k)].to(torch.int32)
     kwargs = dict(
         bias=torch.randn(n, dtype=dtype) if bias else None,

@@ -890,7 +890,7 @@ def _unpack_awq(packed: torch.Tensor) -> torch.Tensor:
     return values
 
 
-def _pack_rows(values: torch.Tensor) -> torch.Tensor:
+def pack_int4_rows(values: torch.Tensor) -> torch.Tensor:
     """[K, N] 4-bit values -> [K/8, N] int32, packed along K (GPTQ)."""
     k, n = values.shape
     groups = values.long().reshape(k // 8, 8, n)
@@ -1063,7 +1063,7 @@ class ReferenceWOQLinear(torch.nn.Module):
         if quant_method == 1:  # AWQ -> the GPTQ packing
             values = _unpack_awq(qweight)  # [K, N]
             zeros = _unpack_awq(qzeros)  # [K/G, N]
-            zeros = _pack_rows(zeros.t().contiguous()).t().contiguous()
+            zeros = pack_int4_rows(zeros.t().contiguous()).t().contiguous()
         else:
             values = unpack_int4(qweight, dim=0)  # [K, N]
             zeros = None
@@ -1074,7 +1074,7 @@ class ReferenceWOQLinear(torch.nn.Module):
             perm = torch.argsort(g_idx.long(), stable=True)
             values = values[perm]
             runtime_g_idx = perm.to(torch.int32)
-        packed = _pack_rows(values)  # [K/8, N]
+        packed = pack_int4_rows(values)  # [K/8, N]
         if engine == "onednn":
             weight = packed.t().contiguous().t()  # [K/8, N], strides (1, K/8)
             zp = zeros if zeros is not None else torch.tensor([8], dtype=torch.int8)
