@@ -63,11 +63,11 @@ def _commit(changes: list[transaction.Change], plan: engine.Plan) -> None:
         raise Refusal(f"{e}; every file was put back as it was") from None
 
 
+_APPLIED = {True: "applied", False: "not applied", None: "partly applied"}
+
+
 def _partial_message(state: engine.TreeState) -> str:
-    parts = []
-    for name, applied in state.applied.items():
-        word = {True: "applied", False: "not applied", None: "partly applied"}[applied]
-        parts.append(f"{name} {word}")
+    parts = [f"{name} {_APPLIED[applied]}" for name, applied in state.applied.items()]
     return (
         "tree is partially patched (" + ", ".join(parts) + "); "
         "run `make revert` to restore the pristine release first; nothing changed"
@@ -97,8 +97,7 @@ def cmd_status(args) -> int:
     print(where)
     print(f"series {plan.series.name} ({len(plan.series.patches)} patch(es))")
     for name, applied in state.applied.items():
-        word = {True: "applied", False: "not applied", None: "partly applied"}[applied]
-        print(f"  {name}: {word}")
+        print(f"  {name}: {_APPLIED[applied]}")
     for f in state.files:
         extra = (
             f" ({f.stage} of {f.stages} diffs)" if f.status == engine.PARTIAL else ""
