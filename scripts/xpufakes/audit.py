@@ -26,11 +26,7 @@ schema is not in data/op_schemas.toml are reported as unknown.
 
 import ast
 import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,7 +35,7 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib
 
-from . import pins, tree
+from . import isolated, pins, tree
 from .errors import Refusal
 
 NAMESPACES = ("_xpu_C", "torch_ipex")
@@ -451,33 +447,15 @@ def kernels_of(found: tree.Tree) -> str:
 
 
 def check_fakes(root: Path, kernels: str) -> dict[str, dict]:
-    """op -> verify-xpu's result for it, from a separate process (vLLM's
-    logging may write to stdout, so the result comes through a file)."""
-    with tempfile.TemporaryDirectory() as work:
-        out = Path(work) / "verify.json"
-        command = [
-            sys.executable,
-            "-m",
-            "xpufakes",
-            "verify-xpu",
-            "--vllm",
-            str(root),
-            "--standins",
-            kernels,
-            "--quick",
-            "--json-out",
-            str(out),
-        ]
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-            PYTHONDONTWRITEBYTECODE="1",
-        )
-        result = subprocess.run(command, capture_output=True, text=True, env=env)
-        if result.returncode not in (0, 1) or not out.is_file():
-            tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise Refusal(f"cannot load the tree's fakes against the stand-ins: {tail}")
-        return {entry["op"]: entry for entry in json.loads(out.read_text())}
+    """op -> verify-xpu's result for it, from a separate process."""
+    done, result = isolated.run_verb(
+        ["verify-xpu", "--vllm", str(root), "--standins", kernels, "--quick"],
+        "--json-out",
+    )
+    if done.returncode not in (0, 1) or result is None:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Refusal(f"cannot load the tree's fakes against the stand-ins: {tail}")
+    return {entry["op"]: entry for entry in result}
 
 
 def audit(path: str, dynamic: bool = True) -> tuple[tree.Tree, str, list[OpReport]]:

@@ -17,7 +17,6 @@ what compiling the code around the GEMMs buys on this CPU, not XPU speed.
 Each variant runs in its own process (fake registrations are process-global).
 """
 
-import json
 import math
 import os
 import platform
@@ -31,7 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
-from . import fetch, paths, pins
+from . import fetch, isolated, paths, pins
 
 TOKENS = (1, 16, 256, 2048)
 RELEASE = "0.33.0"
@@ -272,18 +271,9 @@ def _tree(variant: str) -> Path:
             [sys.executable, "-m", "xpufakes", "apply", str(target)],
             check=True,
             capture_output=True,
-            env=_env(),
+            env=isolated.env(),
         )
     return target
-
-
-def _env(**extra) -> dict:
-    return dict(
-        os.environ,
-        PYTHONPATH=str(paths.REPO / "scripts"),
-        PYTHONDONTWRITEBYTECODE="1",
-        **extra,
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -291,30 +281,15 @@ def _env(**extra) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def _run_worker(variant: str, device: str, repeats: int, **env) -> dict:
-    with tempfile.TemporaryDirectory() as work:
-        out = Path(work) / "result.json"
-        command = [
-            sys.executable,
-            "-m",
-            "xpufakes",
-            "bench-worker",
-            variant,
-            "--device",
-            device,
-            "--repeats",
-            str(repeats),
-            "--out",
-            str(out),
-        ]
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=_env(**env))
-        if done.returncode != 0 or not out.is_file():
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return {"variant": variant, "failed": tail}
-        result = json.loads(out.read_text())
-        result["wall"] = time.perf_counter() - started
-        return result
+def _run_worker(variant: str, device: str, repeats: int) -> dict:
+    started = time.perf_counter()
+    args = ["bench-worker", variant, "--device", device, "--repeats", str(repeats)]
+    done, result = isolated.run_verb(args, "--out")
+    if done.returncode != 0 or result is None:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"variant": variant, "failed": tail}
+    result["wall"] = time.perf_counter() - started
+    return result
 
 
 def _compile_time(device: str) -> dict:
@@ -340,7 +315,7 @@ def _compile_time(device: str) -> dict:
                 [sys.executable, "-c", code],
                 capture_output=True,
                 text=True,
-                env=_env(TORCHINDUCTOR_CACHE_DIR=cache),
+                env=isolated.env(TORCHINDUCTOR_CACHE_DIR=cache),
             )
             lines = done.stdout.strip().splitlines()
             times[label] = float(lines[-1]) if done.returncode == 0 else None
@@ -364,7 +339,7 @@ def _tool_times(repeats: int) -> dict:
 
         def timed(command: list[str]) -> float:
             start = time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True, env=_env())
+            subprocess.run(command, check=True, capture_output=True, env=isolated.env())
             return time.perf_counter() - start
 
         tool = [sys.executable, "-m", "xpufakes"]
