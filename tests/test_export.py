@@ -9,13 +9,7 @@ import pytest
 
 from support import releases, tool
 
-GIT_ENV = dict(
-    os.environ,
-    GIT_AUTHOR_NAME="packager",
-    GIT_AUTHOR_EMAIL="packager@example.invalid",
-    GIT_COMMITTER_NAME="packager",
-    GIT_COMMITTER_EMAIL="packager@example.invalid",
-)
+GIT_ENV = tool.git_env("packager")
 
 
 def _without(hashes: dict, *prefixes: str) -> dict:

@@ -2,7 +2,6 @@
 (`python -m xpufakes <verb> <tree>`): apply, re-apply, check, status,
 revert, and the three tree shapes."""
 
-import os
 import shutil
 import subprocess
 
@@ -74,13 +73,7 @@ def _checkout_like(release: str, path) -> None:
     for generated in ("vllm/_version.py", "PKG-INFO"):
         (path / generated).unlink(missing_ok=True)
     shutil.rmtree(path / "vllm.egg-info", ignore_errors=True)
-    env = dict(
-        os.environ,
-        GIT_AUTHOR_NAME="t",
-        GIT_AUTHOR_EMAIL="t@example.invalid",
-        GIT_COMMITTER_NAME="t",
-        GIT_COMMITTER_EMAIL="t@example.invalid",
-    )
+    env = tool.git_env("t")
     for command in (
         ["git", "init", "-q"],
         ["git", "add", "-A"],

@@ -33,3 +33,15 @@ def start(*args: str, env: dict | None = None) -> subprocess.Popen:
         text=True,
         env=full_env,
     )
+
+
+def git_env(name: str) -> dict:
+    """The environment for git commands in a test repository, as `name`."""
+    email = f"{name}@example.invalid"
+    return dict(
+        os.environ,
+        GIT_AUTHOR_NAME=name,
+        GIT_AUTHOR_EMAIL=email,
+        GIT_COMMITTER_NAME=name,
+        GIT_COMMITTER_EMAIL=email,
+    )
