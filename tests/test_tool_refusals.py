@@ -145,7 +145,9 @@ def test_failure_midway_leaves_the_tree_unchanged(tree, fixture_env, after):
     files are already in place: every one of them is put back."""
     before = releases.file_hashes(tree)
     env = dict(fixture_env, VLLM_XPU_FAKES_FAULT=f"fail-after:{after}")
-    _refused(tool.run("apply", str(tree), env=env), "injected failure", "put back")
+    _refused(
+        tool.run("apply", str(tree), env=env), "injected failure", "nothing changed"
+    )
     assert releases.file_hashes(tree) == before
     assert not list(tree.rglob(".*.xpufakes-*"))  # no temporary files left
 

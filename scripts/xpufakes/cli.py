@@ -1,13 +1,24 @@
 """Command line: python -m xpufakes <verb> ... (the Makefile's verbs call it)."""
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from . import engine, pins, recipes, series, transaction, tree
-from .errors import INTERRUPTED, OK, REFUSED, USAGE, Refusal
+from . import engine, lock, pins, recipes, record, series, transaction, tree
+from .errors import (
+    INTERRUPTED,
+    INTERRUPTED_AFTER_COMMIT,
+    NOT_HERE,
+    OK,
+    REFUSED,
+    STRANDED,
+    USAGE,
+    Refusal,
+)
 
 
 def _plan(path: str) -> tuple[engine.Plan, str]:
@@ -30,21 +41,26 @@ def _describe(plan: engine.Plan, patch: series.Patch) -> str:
 def cmd_apply(args) -> int:
     plan, where = _plan(args.vllm)
     print(f"{where} -> series {plan.series.name}")
-    state = engine.inspect(plan)
-    engine.refuse_if_modified(plan, state)
-    summary = state.summary
-    if summary == engine.PATCHED:
-        print("already applied; nothing changed")
-        return OK
-    if summary != engine.PRISTINE:
-        raise Refusal(_partial_message(state))
-    changes = engine.changes_to_apply(plan, state)  # the dry run
-    if args.dry_run:
-        for patch in plan.series.patches:
-            print(f"  {patch.name}: would apply cleanly ({_describe(plan, patch)})")
-        print(f"would apply {len(plan.series.patches)} patch(es); nothing changed")
-        return OK
-    _commit(changes, plan)
+    with lock.tree_lock(plan.tree.root, exclusive=not args.dry_run):
+        if not args.dry_run:
+            _sweep(plan)
+        state = engine.inspect(plan)
+        engine.refuse_if_modified(plan, state)
+        summary = state.summary
+        if summary == engine.PATCHED:
+            print("already applied; nothing changed")
+            return OK
+        if summary == engine.OUTDATED:
+            return _upgrade(plan, state, args.dry_run)
+        if summary != engine.PRISTINE:
+            raise Refusal(_partial_message(state))
+        changes = engine.changes_to_apply(plan, state)  # the dry run
+        if args.dry_run:
+            for patch in plan.series.patches:
+                print(f"  {patch.name}: would apply cleanly ({_describe(plan, patch)})")
+            print(f"would apply {len(plan.series.patches)} patch(es); nothing changed")
+            return OK
+        _commit(changes, plan, "applied", "the tree was fully patched")
     for patch in plan.series.patches:
         print(f"  {patch.name}: applied ({_describe(plan, patch)})")
     added = sum(1 for c in changes if c.mode is not None)
@@ -55,12 +71,59 @@ def cmd_apply(args) -> int:
     return OK
 
 
-def _commit(changes: list[transaction.Change], plan: engine.Plan) -> None:
+def _upgrade(plan: engine.Plan, state: engine.TreeState, dry_run: bool) -> int:
+    """A tree patched by an earlier version of this tool: its overlay files
+    become this version's."""
+    changes = engine.changes_to_upgrade(plan, state)
+    if dry_run:
+        for change in changes:
+            print(f"  {change.path.relative_to(plan.tree.root)}: would be upgraded")
+        print("patched by an earlier version; would upgrade; nothing changed")
+        return OK
+    _commit(changes, plan, "upgraded", "the tree was fully patched")
+    for change in changes:
+        print(f"  {change.path.relative_to(plan.tree.root)}: upgraded")
+    print(f"upgraded {len(changes)} file(s) written by an earlier version")
+    return OK
+
+
+class _Committed:
+    """What the last commit did, for a signal held until after it."""
+
+    verb: str | None = None
+    state: str = ""
+
+
+def _commit(
+    changes: list[transaction.Change], plan: engine.Plan, verb: str, state: str
+) -> None:
+    changes = record.with_record(plan.tree.root, changes)
     transaction.writable_or_refuse(changes, plan.tree.root)
     try:
-        transaction.commit(changes)
+        leftovers = transaction.commit(changes, plan.tree.root)
+    except transaction.Stranded as e:
+        raise Refusal(
+            f"{e}; every other file is as before; run `make revert "
+            f"VLLM={plan.tree.root}` to restore the pristine release",
+            status=STRANDED,
+        ) from None
     except OSError as e:
-        raise Refusal(f"{e}; every file was put back as it was") from None
+        raise Refusal(
+            f"{transaction._reason(e)}; nothing changed (every file is as it was)"
+        ) from None
+    _Committed.verb, _Committed.state = verb, state
+    for path in leftovers:
+        print(
+            f"note: could not remove the backup {path}; the next apply or "
+            "revert removes it",
+            file=sys.stderr,
+        )
+
+
+def _sweep(plan: engine.Plan) -> None:
+    for path in transaction.sweep(engine.directories(plan)):
+        rel = transaction._rel(path, plan.tree.root)
+        print(f"  {rel}: removed (left by an interrupted run)")
 
 
 _APPLIED = {True: "applied", False: "not applied", None: "partly applied"}
@@ -77,13 +140,15 @@ def _partial_message(state: engine.TreeState) -> str:
 def cmd_revert(args) -> int:
     plan, where = _plan(args.vllm)
     print(f"{where} -> series {plan.series.name}")
-    state = engine.inspect(plan)
-    engine.refuse_if_modified(plan, state)
-    changes = engine.changes_to_revert(plan, state)
-    if not changes:
-        print("not applied; nothing changed")
-        return OK
-    _commit(changes, plan)
+    with lock.tree_lock(plan.tree.root):
+        _sweep(plan)
+        state = engine.inspect(plan)
+        engine.refuse_if_modified(plan, state)
+        changes = engine.changes_to_revert(plan, state)
+        if not changes:
+            print("not applied; nothing changed")
+            return OK
+        _commit(changes, plan, "reverted", "the tree was the pristine release")
     for change in changes:
         rel = change.path.relative_to(plan.tree.root)
         print(f"  {rel}: {'removed' if change.data is None else 'restored'}")
@@ -93,7 +158,9 @@ def cmd_revert(args) -> int:
 
 def cmd_status(args) -> int:
     plan, where = _plan(args.vllm)
-    state = engine.inspect(plan)
+    with lock.tree_lock(plan.tree.root, exclusive=False):
+        state = engine.inspect(plan)
+        found = transaction.strays(engine.directories(plan))
     print(where)
     print(f"series {plan.series.name} ({len(plan.series.patches)} patch(es))")
     for name, applied in state.applied.items():
@@ -105,6 +172,15 @@ def cmd_status(args) -> int:
         print(f"  {f.path}: {f.status}{extra}")
     for o in state.overlay:
         print(f"  {o.path}: {o.status}")
+    for stray in found:
+        rel = transaction._rel(stray.path, plan.tree.root)
+        if stray.dead:
+            print(
+                f"  {rel}: left by an interrupted run "
+                "(the next apply or revert removes it)"
+            )
+        else:
+            print(f"  {rel}: being written by the running process {stray.pid}")
     print(f"state: {state.summary}")
     return OK
 
@@ -176,7 +252,8 @@ def cmd_export(args) -> int:
 def cmd_stage(args) -> int:
     from . import stage
 
-    branch, commits, description = stage.stage(args.vllm, args.branch or None)
+    with lock.tree_lock(tree.locate(args.vllm).root):
+        branch, commits, description = stage.stage(args.vllm, args.branch or None)
     print(f"branch {branch}: {len(commits)} commit(s), {commits[-1][:12]}")
     print()
     print(description)
@@ -184,12 +261,21 @@ def cmd_stage(args) -> int:
 
 
 def cmd_verify_xpu(args) -> int:
-    from . import verify
-
     vllm = Path(args.vllm) if args.vllm else None
     if vllm is not None:
         vllm = tree.locate(str(vllm)).root
-    results = verify.run(vllm, args.standins, full=not args.quick)
+    try:
+        from . import verify
+
+        results = verify.run(vllm, args.standins, full=not args.quick)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "torch":
+            raise
+        raise Refusal(
+            f"{sys.executable} cannot import torch; run verify-xpu with the "
+            "Python that has vLLM and torch (PYTHON=...)",
+            status=NOT_HERE,
+        ) from None
     if args.json_out:
         Path(args.json_out).write_text(verify.to_json(results))
     print(verify.to_json(results) if args.json else verify.table(results))
@@ -225,6 +311,13 @@ def cmd_bench_worker(args) -> int:
 
     result = bench.worker(args.variant, args.device, args.repeats)
     Path(args.out).write_text(json.dumps(result))
+    return OK
+
+
+def cmd_overlay_history(args) -> int:
+    from . import history
+
+    print(f"wrote {history.write()}")
     return OK
 
 
@@ -312,25 +405,98 @@ def main(argv: list[str] | None = None) -> int:
     sub.set_defaults(func=cmd_test_tree)
 
     sub = verbs.add_parser(
+        "overlay-history",
+        help="record the sha256 of every committed overlay version (git history)",
+    )
+    sub.set_defaults(func=cmd_overlay_history)
+
+    sub = verbs.add_parser(
         "refresh", help="rewrite patches/ and pins.toml from the recipes and sdists"
     )
     sub.set_defaults(func=cmd_refresh)
 
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _LossyStdout(stdout)
     try:
-        return args.func(args)
+        return _run(args)
+    finally:
+        sys.stdout = stdout
+
+
+# Verbs that change a tree hold signals from start to exit (see transaction).
+_HOLDING = {"apply", "revert"}
+
+
+def _run(args) -> int:
+    _Committed.verb = None
+    holding = transaction.held_signals() if args.verb in _HOLDING else _no_hold()
+    try:
+        with holding as pending:
+            status = args.func(args)
+            sys.stdout.flush()
+            if pending and _Committed.verb:
+                name = signal.Signals(pending[0]).name
+                done, state = _Committed.verb, _Committed.state
+                print(
+                    f"{done}; interrupted by {name} after {state}",
+                    file=sys.stderr,
+                )
+                return INTERRUPTED_AFTER_COMMIT
+            if pending:
+                name = signal.Signals(pending[0]).name
+                print(f"error: interrupted by {name}; nothing changed", file=sys.stderr)
+                return 128 + pending[0]
+            return status
     except Refusal as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status
     except transaction.Interrupted as e:
-        print(f"error: {e}; every file was put back as it was", file=sys.stderr)
+        print(f"error: {e}; nothing changed (every file is as it was)", file=sys.stderr)
         return 128 + e.signum
     except KeyboardInterrupt:
         print("error: interrupted; nothing changed", file=sys.stderr)
         return INTERRUPTED
-    except BrokenPipeError:  # e.g. piped into head
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return OK
+
+
+@contextlib.contextmanager
+def _no_hold():
+    yield []
+
+
+class _LossyStdout:
+    """stdout whose reader may go away (`| head`, `| true`): output to a
+    closed pipe is dropped and the verb goes on, so the exit status always
+    says what was done to the tree, never that a pipe closed."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.lost = False
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._lose()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        # the interpreter flushes stdout at exit: point it at /dev/null
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 revert it. Everything is computed in memory; nothing here writes files."""
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import unidiff
+from . import history, unidiff
 from .errors import Refusal
 from .pins import Pin
 from .series import Patch, Series, overlay_source
@@ -20,6 +21,8 @@ PRISTINE, PATCHED, PARTIAL, MODIFIED, MISSING = (
     "missing",
 )
 ABSENT, OURS, FOREIGN = "absent", "present", "present, not ours"
+OLDER = "present, ours (an older version)"
+OUTDATED = "patched (older overlay files)"
 
 
 def sha256(data: bytes) -> str:
@@ -39,7 +42,7 @@ class FileState:
 class OverlayState:
     path: str
     patch: str
-    status: str  # ABSENT, OURS or FOREIGN
+    status: str  # ABSENT, OURS, OLDER or FOREIGN
 
 
 @dataclass
@@ -54,9 +57,12 @@ class TreeState:
             o.status == FOREIGN for o in self.overlay
         ):
             return MODIFIED
-        if all(self.applied.values()):
+        # None (partly applied) is neither applied nor not applied
+        if all(applied is True for applied in self.applied.values()):
+            if any(o.status == OLDER for o in self.overlay):
+                return OUTDATED
             return PATCHED
-        if not any(self.applied.values()):
+        if all(applied is False for applied in self.applied.values()):
             return PRISTINE
         return PARTIAL
 
@@ -100,12 +106,17 @@ def inspect(plan: Plan) -> TreeState:
     for patch in plan.series.patches:
         for path in plan.overlay_paths(patch):
             target = plan.tree.root / path
+            _refuse_odd_overlay_path(target, path)
             if not target.exists():
                 status = ABSENT
-            elif target.read_bytes() == plan.overlay_bytes(path):
-                status = OURS
             else:
-                status = FOREIGN
+                data = _read(target, path)
+                if data == plan.overlay_bytes(path):
+                    status = OURS
+                elif sha256(data) in history.known(path):
+                    status = OLDER
+                else:
+                    status = FOREIGN
             overlay.append(OverlayState(path, patch.name, status))
     state = TreeState(files, overlay)
     for patch in plan.series.patches:
@@ -116,9 +127,11 @@ def inspect(plan: Plan) -> TreeState:
 def _file_state(plan: Plan, path: str) -> FileState:
     diffs = [d for _, d in plan.diffs_of(path)]
     target = plan.tree.root / path
+    if target.is_dir():
+        raise Refusal(f"{path} is a directory, not vLLM's file; nothing changed")
     if not target.is_file():
         return FileState(path, MISSING, 0, len(diffs))
-    text = target.read_bytes().decode("utf-8", errors="surrogateescape")
+    text = _read(target, path).decode("utf-8", errors="surrogateescape")
     pristine = plan.pin.files.get(path)
     if pristine is None:
         raise Refusal(
@@ -155,7 +168,7 @@ def _patch_applied(plan: Plan, patch: Patch, state: TreeState) -> bool | None:
         if o.patch == patch.name:
             if o.status == FOREIGN:
                 return None
-            present.append(o.status == OURS)
+            present.append(o.status in (OURS, OLDER))
     if all(present):
         return True
     if not any(present):
@@ -198,12 +211,75 @@ def changes_to_revert(plan: Plan, state: TreeState) -> list[Change]:
         if f.status in (PATCHED, PARTIAL)
     ]
     changes += [
-        Change(plan.tree.root / o.path, None) for o in state.overlay if o.status == OURS
+        Change(plan.tree.root / o.path, None)
+        for o in state.overlay
+        if o.status in (OURS, OLDER)
     ]
     return changes
 
 
+def changes_to_upgrade(plan: Plan, state: TreeState) -> list[Change]:
+    """For a tree patched by an earlier version of this tool: its overlay
+    files replaced by this version's."""
+    return [
+        Change(plan.tree.root / o.path, plan.overlay_bytes(o.path))
+        for o in state.overlay
+        if o.status == OLDER
+    ]
+
+
+def _read(target: Path, path: str) -> bytes:
+    try:
+        return target.read_bytes()
+    except OSError as e:
+        raise Refusal(
+            f"{path}: cannot read it ({e.strerror}); nothing changed"
+        ) from None
+
+
+def _refuse_odd_overlay_path(target: Path, path: str) -> None:
+    """What sits where an overlay file goes must be nothing or a regular
+    file: a directory or a symlink (dangling or not) is someone else's."""
+    if target.is_symlink():
+        what = "a symlink" if target.exists() else "a dangling symlink"
+        raise Refusal(
+            f"{path} is {what}; this series installs a regular file there; "
+            "nothing changed"
+        )
+    if target.is_dir():
+        raise Refusal(
+            f"{path} is a directory; this series installs a file there; nothing changed"
+        )
+
+
+def directories(plan: Plan) -> set[Path]:
+    """Every directory the series writes in (through symlinked targets):
+    where a killed run's temporary files and backups would be."""
+    paths = [plan.tree.root / p for p in plan.series.targets]
+    paths += [
+        plan.tree.root / p
+        for patch in plan.series.patches
+        for p in plan.overlay_paths(patch)
+    ]
+    found = set()
+    for path in paths:
+        if path.is_symlink():
+            found.add(Path(os.path.realpath(path)).parent)
+        found.add(path.parent)
+    return {d for d in found if d.is_dir()}
+
+
 def refuse_if_modified(plan: Plan, state: TreeState) -> None:
+    differing = [f for f in state.files if f.status in (MODIFIED, MISSING)]
+    if state.files and len(differing) == len(state.files):
+        others = matching_releases(plan.tree, exclude=plan.pin.version)
+        if others:
+            raise Refusal(
+                f"this tree is not vLLM {plan.pin.version}: "
+                + ", ".join(f.path for f in differing)
+                + " match neither that release nor its series; the tree matches "
+                f"vLLM {', '.join(others)}; nothing changed"
+            )
     for f in state.files:
         if f.status == MISSING:
             raise Refusal(
@@ -220,3 +296,21 @@ def refuse_if_modified(plan: Plan, state: TreeState) -> None:
                 f"{o.path} exists and is not the file this series installs; "
                 "nothing changed"
             )
+
+
+def matching_releases(found: Tree, exclude: str = "") -> list[str]:
+    """The pinned releases whose files this tree holds, pristine or patched."""
+    from . import pins, series
+
+    matches = []
+    for version, pin in pins.load().releases.items():
+        if version == exclude:
+            continue
+        try:
+            plan = Plan(found, pin, series.load(pin.series))
+            state = inspect(plan)
+        except Refusal:
+            continue
+        if not any(f.status in (MODIFIED, MISSING) for f in state.files):
+            matches.append(version)
+    return matches

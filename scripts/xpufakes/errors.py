@@ -3,6 +3,12 @@
 OK = 0
 REFUSED = 1  # bad input or a tree we will not touch; a one-line reason
 USAGE = 2  # wrong command line
+# the change was made completely, then a held signal arrived: the tree is in
+# the new state (the message says which)
+INTERRUPTED_AFTER_COMMIT = 3
+# a change failed and could not be undone completely: the message lists each
+# file's state and the command that finishes the job
+STRANDED = 4
 NOT_HERE = 77  # cannot run on this machine (e.g. no Intel GPU), not a failure
 INTERRUPTED = 130
 

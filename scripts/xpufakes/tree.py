@@ -98,17 +98,24 @@ def detect_version(tree: Tree) -> tuple[str, str]:
 
 
 def _git_tag(root: Path) -> str | None:
+    """The tag at HEAD; of several, one that looks like a release (v0.33.0)
+    rather than a moving name (latest, nightly)."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(root), "describe", "--tags", "--exact-match", "HEAD"],
+            ["git", "-C", str(root), "tag", "--points-at", "HEAD"],
             capture_output=True,
             text=True,
             timeout=30,
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    tag = out.stdout.strip()
-    return tag.removeprefix("v") if out.returncode == 0 and tag else None
+    tags = out.stdout.split() if out.returncode == 0 else []
+    versions = [t for t in tags if _RELEASE_TAG.match(t)]
+    chosen = (versions or tags or [None])[0]
+    return chosen.removeprefix("v") if chosen else None
+
+
+_RELEASE_TAG = re.compile(r"^v?\d+(\.\d+)+([.-]?(rc|post|dev)\d*)?$")
 
 
 def _metadata_files(root: Path) -> list[Path]:
