@@ -11,6 +11,12 @@ TEST_TOOL = PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes
 PYTEST = $(VENV_PYTHON) -m pytest
 # extra pytest arguments, e.g. make test ARGS="-k apply -x"
 ARGS ?=
+# The tree, passed to the tool through the environment exactly as given:
+# $(value ...) keeps make from expanding `$` in it and the recipes quote it as
+# "$$XPUFAKES_VLLM", so neither make nor the shell expands `$` or backticks.
+XPUFAKES_VLLM := $(value VLLM)
+export XPUFAKES_VLLM
+unexport VLLM
 
 .DEFAULT_GOAL := help
 .PHONY: help apply check revert status fetch fetch-all pins refresh export stage verify-xpu audit bench test \
@@ -21,22 +27,22 @@ help:  ## list the verbs
 		awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 need-vllm:
-	@test -n "$(VLLM)" || { echo "error: give the vLLM tree: VLLM=path" >&2; exit 2; }
+	@test -n "$$XPUFAKES_VLLM" || { echo "error: give the vLLM tree: VLLM=path" >&2; exit 2; }
 
 need-pin:
 	@test -n "$(PIN)" || { echo "error: give the release: PIN=<version>" >&2; exit 2; }
 
 apply: need-vllm  ## apply the release's series to a vLLM tree (VLLM=path)
-	@$(TOOL) apply "$(VLLM)"
+	@$(TOOL) apply "$$XPUFAKES_VLLM"
 
 check: need-vllm  ## say what apply would do, change nothing (VLLM=path)
-	@$(TOOL) check "$(VLLM)"
+	@$(TOOL) check "$$XPUFAKES_VLLM"
 
 revert: need-vllm  ## restore the pristine release (VLLM=path)
-	@$(TOOL) revert "$(VLLM)"
+	@$(TOOL) revert "$$XPUFAKES_VLLM"
 
 status: need-vllm  ## release, series, applied patches, file states (VLLM=path)
-	@$(TOOL) status "$(VLLM)"
+	@$(TOOL) status "$$XPUFAKES_VLLM"
 
 fetch: need-pin  ## download, verify and unpack a pinned release (PIN=version)
 	@$(TOOL) fetch "$(PIN)"
@@ -55,13 +61,13 @@ export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=versi
 	@$(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
 
 stage: need-vllm  ## commit the series on a new branch of a git checkout (VLLM=path [BRANCH=name])
-	@$(TOOL) stage "$(VLLM)" $(if $(BRANCH),--branch "$(BRANCH)")
+	@$(TOOL) stage "$$XPUFAKES_VLLM" $(if $(BRANCH),--branch "$(BRANCH)")
 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
-	@$(TOOL) verify-xpu $(if $(VLLM),--vllm "$(VLLM)") $(ARGS)
+	@$(TOOL) verify-xpu $(if $(XPUFAKES_VLLM),--vllm "$$XPUFAKES_VLLM") $(ARGS)
 
 audit: need-vllm venv  ## XPU ops in traced code and whether their fakes conform (VLLM=path)
-	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes audit "$(VLLM)" $(ARGS)
+	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes audit "$$XPUFAKES_VLLM" $(ARGS)
 
 bench: venv  ## eager vs compiled block, compile counts and time, tool time (BENCHMARKS.md)
 	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes bench $(ARGS)
@@ -95,7 +101,7 @@ test-all: venv venv-tree  ## run the tests on every pinned release
 	$(PYTEST) tests --all-releases $(ARGS)
 
 test-tree: need-vllm  ## run the fakes' tests inside a patched vLLM tree (VLLM=path)
-	@$(TOOL) test-tree "$(VLLM)" $(ARGS)
+	@$(TOOL) test-tree "$$XPUFAKES_VLLM" $(ARGS)
 
 lint: venv  ## ruff on the tool, the tests and the overlay
 	$(VENV)/bin/ruff check scripts tests vllm_overlay

@@ -27,7 +27,7 @@ run's pid; ``strays`` finds them and ``sweep`` removes those of dead runs.
 For tests, VLLM_XPU_FAKES_FAULT injects what no real fault can produce at a
 chosen moment: ``fail-after:N`` raises OSError after N files are swapped,
 ``pause-after:N`` waits after N files (printing ``paused`` to stderr) until
-a signal arrives.
+a signal arrives; ``pause-after:committed`` waits just after the commit point.
 """
 
 import contextlib
@@ -106,11 +106,6 @@ def writable_or_refuse(changes: list[Change], root: Path) -> None:
             if not path.exists():
                 continue
             kind = "directory" if path.is_dir() else "file"
-            mode = path.stat().st_mode
-            if not (mode & 0o222) or not os.access(path, os.W_OK):
-                raise Refusal(
-                    f"{_rel(path, root)}: {kind} is read-only; nothing changed"
-                )
             flags = _attributes(path)
             for flag, word in (
                 (_FS_APPEND_FL, "append-only"),
@@ -121,6 +116,11 @@ def writable_or_refuse(changes: list[Change], root: Path) -> None:
                         f"{_rel(path, root)}: {kind} is {word} (chattr); "
                         "nothing changed"
                     )
+            mode = path.stat().st_mode
+            if not (mode & 0o222) or not os.access(path, os.W_OK):
+                raise Refusal(
+                    f"{_rel(path, root)}: {kind} is read-only; nothing changed"
+                )
 
 
 def _attributes(path: Path) -> int:
@@ -244,6 +244,7 @@ def commit(changes: list[Change], root: Path | None = None) -> list[Path]:
                 raise Stranded(error, problems) from error
             raise
         # the commit point: every file is in place
+        _fault("committed", pending)
         leftovers = []
         for step in steps:
             if step.backup is not None and step.done in (
@@ -447,15 +448,16 @@ def sweep(directories) -> list[Path]:
     return removed
 
 
-def _fault(count: int, pending: list[int]) -> None:
+def _fault(count: int | str, pending: list[int]) -> None:
     spec = os.environ.get("VLLM_XPU_FAKES_FAULT", "")
     kind, _, after = spec.partition(":")
-    if not after or int(after) != count:
+    if not after or after != str(count):
         return
     if kind == "fail-after":
         raise OSError(28, f"injected failure after {count} file(s)")
     if kind == "pause-after":
-        print(f"paused after {count} file(s)", file=sys.stderr, flush=True)
+        what = "the commit" if count == "committed" else f"{count} file(s)"
+        print(f"paused after {what}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + 60
         while not pending and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -1,0 +1,586 @@
+"""The tool under real faults: a full tmpfs (space and inodes), an
+append-only directory, a reader that goes away, signals, SIGKILL, apply
+racing revert, symlinks, a tree patched by an earlier version of the tool.
+After each: the tree is pristine or fully patched (sha256 of every file
+against the references), the exit status and the last line say which, and
+no temporary or backup file is left."""
+
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support import releases, small_tree, tool
+from xpufakes import engine, history, paths, pins, series, transaction
+
+IPEX, KERNELS = "0.10.2", "0.33.0"
+PAGE = 4096
+
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("refs")
+    return {v: small_tree.references(v, work) for v in (IPEX, KERNELS)}
+
+
+def _last_line(result) -> str:
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def _check_outcome(result, root, refs, verb: str) -> str:
+    """The tree is pristine or patched, the status and last line agree, and
+    no stray file is left. Returns the state."""
+    pristine, patched = refs
+    state = small_tree.state(root, pristine, patched)
+    assert state in ("pristine", "patched"), (result.stdout, result.stderr)
+    assert not small_tree.strays(root)
+    done, before = (
+        ("patched", "pristine") if verb == "apply" else ("pristine", "patched")
+    )
+    if result.returncode == 0:
+        assert state == done
+        last = result.stdout.strip().splitlines()[-1]
+        assert last.startswith("applied" if verb == "apply" else "reverted"), last
+    else:
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert state == before
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and "nothing changed" in last, last
+    return state
+
+
+# -- a full disk ------------------------------------------------------------
+
+
+def _new_pages(version: str, verb: str, refs) -> list[int]:
+    """Pages each file the verb writes takes, in the order it writes them."""
+    pristine_dir = releases.pristine(version)
+    loaded = series.load(pins.load().get(version).series)
+    if verb == "apply":
+        patched = releases.patched(version)
+        sizes = [(patched / p).stat().st_size for p in loaded.targets]
+        sizes += [series.overlay_source(p).stat().st_size for p in loaded.overlay]
+    else:
+        sizes = [(pristine_dir / p).stat().st_size for p in loaded.targets]
+    return [max(1, math.ceil(s / PAGE)) for s in sizes]
+
+
+def _fill(mount, free_pages: int) -> None:
+    """Leave exactly free_pages pages free on the tmpfs."""
+    st = os.statvfs(mount)
+    avail = st.f_bavail * st.f_frsize
+    filler = avail - free_pages * PAGE
+    assert filler >= 0, "the tmpfs is too small for the scan"
+    with open(mount / "filler", "wb") as f:
+        f.write(b"\0" * filler)
+    st = os.statvfs(mount)
+    assert st.f_bavail * st.f_frsize == free_pages * PAGE
+
+
+@pytest.mark.skipif(small_tree.can_mount() is not None, reason="needs root to mount")
+@pytest.mark.parametrize("verb", ["apply", "revert"])
+@pytest.mark.parametrize("version", [IPEX, KERNELS])
+def test_full_tmpfs(version, verb, refs, tmp_path):
+    """A tmpfs with just too little space at every threshold: the file
+    whose temporary copy does not fit, and every one before it."""
+    pages = _new_pages(version, verb, refs)
+    needed = sum(pages)
+    cumulative = [sum(pages[: i + 1]) for i in range(len(pages))]
+    scan = sorted({0, *(c - 1 for c in cumulative), needed})
+    mount = tmp_path / "mnt"
+    outcomes = {}
+    for free in scan:
+        small_tree.mount_tmpfs(mount, "size=4m")
+        try:
+            root = small_tree.make(version, mount / "tree")
+            if verb == "revert":
+                releases.apply(root)
+            _fill(mount, free)
+            result = tool.run(verb, str(root))
+            outcomes[free] = _check_outcome(result, root, refs[version], verb)
+            if result.returncode:
+                assert "No space left on device" in result.stderr
+        finally:
+            small_tree.umount(mount)
+    done = "patched" if verb == "apply" else "pristine"
+    assert outcomes[needed] == done  # enough space: it worked
+    assert outcomes[0] != done  # no space: it failed (and changed nothing)
+
+
+@pytest.mark.skipif(small_tree.can_mount() is not None, reason="needs root to mount")
+def test_no_inodes(refs, tmp_path):
+    """A tmpfs out of inodes after 0..n of the files apply writes (tmpfs
+    counts a hard link, the backup of a replaced file, as an inode too)."""
+    mount = tmp_path / "mnt"
+    loaded = series.load(pins.load().get(KERNELS).series)
+    count = 2 * len(loaded.targets) + len(loaded.overlay)
+    results = []
+    for spare in range(count + 1):
+        small_tree.mount_tmpfs(mount, "size=4m")
+        try:
+            root = small_tree.make(KERNELS, mount / "tree")
+            st = os.statvfs(mount)
+            used = st.f_files - st.f_ffree
+            subprocess.run(
+                ["mount", "-o", f"remount,nr_inodes={used + spare}", str(mount)],
+                check=True,
+            )
+            result = tool.run("apply", str(root))
+            results.append(_check_outcome(result, root, refs[KERNELS], "apply"))
+        finally:
+            small_tree.umount(mount)
+    assert results[0] == "pristine" and results[-1] == "patched"
+
+
+# -- chattr +a / +i -----------------------------------------------------------
+
+
+def _chattr(path, flags: str) -> bool:
+    result = subprocess.run(["chattr", flags, str(path)], capture_output=True)
+    return result.returncode == 0
+
+
+@pytest.mark.parametrize("where", ["vllm", "tests/kernels/quantization"])
+def test_append_only_directory(where, refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    directory = root / where
+    if shutil.which("chattr") is None or not _chattr(directory, "+a"):
+        pytest.skip("chattr +a is not supported here")
+    try:
+        result = tool.run("apply", str(root))
+        assert result.returncode == 1
+        assert "append-only" in result.stderr and where in result.stderr
+        _check_outcome(result, root, refs[KERNELS], "apply")
+    finally:
+        _chattr(directory, "-a")
+
+
+def test_append_only_without_the_precheck_reports_exactly(refs, tmp_path):
+    """Negative control for the pre-check, and the Stranded message: the
+    commit itself on an append-only vllm/ cannot rename over the target
+    nor remove its backup; the tree's files stay as they were and the error
+    says which copy is left where."""
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    if shutil.which("chattr") is None or not _chattr(root / "vllm", "+a"):
+        pytest.skip("chattr +a is not supported here")
+    try:
+        target = root / "vllm" / "_xpu_ops.py"
+        with pytest.raises(transaction.Stranded) as caught:
+            transaction.commit([transaction.Change(target, b"new\n")], root)
+        message = str(caught.value)
+        assert "vllm/_xpu_ops.py is as before; a copy remains as" in message
+        assert "Operation not permitted" in message
+        pristine, _ = refs[KERNELS]
+        hashes = releases.file_hashes(root)
+        assert {p: hashes[p] for p in pristine} == pristine
+    finally:
+        _chattr(root / "vllm", "-a")
+
+
+def test_immutable_target(refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    target = root / "vllm" / "_xpu_ops.py"
+    if shutil.which("chattr") is None or not _chattr(target, "+i"):
+        pytest.skip("chattr +i is not supported here")
+    try:
+        result = tool.run("apply", str(root))
+        assert "immutable" in result.stderr
+        _check_outcome(result, root, refs[KERNELS], "apply")
+    finally:
+        _chattr(target, "-i")
+
+
+# -- partly applied -------------------------------------------------------------
+
+
+def test_partly_applied_is_not_pristine(refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    assert tool.run("apply", str(root)).returncode == 0
+    (root / "vllm" / "_xpu_gemm_fakes.py").unlink()
+    status = tool.run("status", str(root)).stdout
+    assert "partly applied" in status
+    assert "state: partially patched" in status
+    before = releases.file_hashes(root)
+    result = tool.run("apply", str(root))
+    assert result.returncode == 1 and "partially patched" in result.stderr
+    assert releases.file_hashes(root) == before
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stderr
+    assert small_tree.state(root, *refs[KERNELS]) == "pristine"
+
+
+# -- a reader that goes away; signals ---------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["apply", "revert"])
+def test_output_into_a_closed_pipe(verb, refs, tmp_path):
+    """`| true`: the work is done and the status says so."""
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    if verb == "revert":
+        releases.apply(root)
+    env = dict(os.environ, PYTHONPATH=str(tool.SCRIPTS), PYTHONUNBUFFERED="1")
+    script = f'set -o pipefail; "$0" -m xpufakes {verb} "$1" | true'
+    result = subprocess.run(
+        ["bash", "-c", script, sys.executable, str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    done = "patched" if verb == "apply" else "pristine"
+    assert small_tree.state(root, *refs[KERNELS]) == done
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGALRM, signal.SIGHUP])
+def test_signal_before_the_commit_point(signum, refs, tmp_path):
+    """Signals whose default action kills the process are held: midway,
+    every file is put back and the status is 128 + n."""
+    root = small_tree.make(IPEX, tmp_path / "tree")
+    process = tool.start(
+        "apply", str(root), env={"VLLM_XPU_FAKES_FAULT": "pause-after:2"}
+    )
+    assert "paused after 2 file(s)" in process.stderr.readline()
+    assert small_tree.state(root, *refs[IPEX]) == "mixed"  # really midway
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, stderr
+    assert "nothing changed" in stderr.strip().splitlines()[-1]
+    assert small_tree.state(root, *refs[IPEX]) == "pristine"
+    assert not small_tree.strays(root)
+
+
+@pytest.mark.parametrize("verb", ["apply", "revert"])
+def test_signal_after_the_commit_point(verb, refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    if verb == "revert":
+        releases.apply(root)
+    process = tool.start(
+        verb, str(root), env={"VLLM_XPU_FAKES_FAULT": "pause-after:committed"}
+    )
+    assert "paused after the commit" in process.stderr.readline()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    last = stderr.strip().splitlines()[-1]
+    done = "patched" if verb == "apply" else "pristine"
+    assert small_tree.state(root, *refs[KERNELS]) == done
+    assert process.returncode == 3, stderr
+    expected = (
+        "applied; interrupted by SIGINT after the tree was fully patched"
+        if verb == "apply"
+        else "reverted; interrupted by SIGINT after the tree was the pristine release"
+    )
+    assert last == expected
+    assert "nothing changed" not in stderr
+    assert not small_tree.strays(root)
+
+
+# -- SIGKILL and strays -------------------------------------------------------------
+
+
+def test_sigkill_midway_then_status_and_revert(refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    process = tool.start(
+        "apply", str(root), env={"VLLM_XPU_FAKES_FAULT": "pause-after:1"}
+    )
+    assert "paused after 1 file(s)" in process.stderr.readline()
+    process.kill()
+    process.wait()
+    left = small_tree.strays(root)
+    assert left  # the backup of the swapped file, the other temporary files
+    status = tool.run("status", str(root)).stdout
+    for path in left:
+        assert f"{path.relative_to(root)}: left by an interrupted run" in status
+    assert "state: partially patched" in status
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stderr
+    assert "removed (left by an interrupted run)" in result.stdout
+    assert small_tree.state(root, *refs[KERNELS]) == "pristine"
+    assert not small_tree.strays(root)
+
+
+def test_strays_of_live_processes_are_kept(tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        mine = root / "vllm" / f"._xpu_ops.py.xpufakes-{live.pid}.new"
+        dead = root / "vllm" / f"._xpu_ops.py.xpufakes-{small_tree.dead_pid()}.new"
+        old_style = root / "vllm" / f"._xpu_ops.py.xpufakes-{small_tree.dead_pid()}"
+        for path in (mine, dead, old_style):
+            path.write_text("x")
+        status = tool.run("status", str(root)).stdout
+        assert f"being written by the running process {live.pid}" in status
+        assert status.count("left by an interrupted run") == 2
+        assert tool.run("apply", str(root)).returncode == 0
+        assert mine.exists() and not dead.exists() and not old_style.exists()
+    finally:
+        live.kill()
+        live.wait()
+    assert tool.run("revert", str(root)).returncode == 0
+    assert not small_tree.strays(root)
+
+
+def test_sigkill_at_random_moments(refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    start = time.monotonic()
+    tool.run("apply", str(root))
+    duration = time.monotonic() - start
+    tool.run("revert", str(root))
+    rng = random.Random(12)
+    deadline = time.monotonic() + 60
+    kills = 0
+    while kills < 30 and time.monotonic() < deadline:
+        state = small_tree.state(root, *refs[KERNELS])
+        verb = "apply" if state == "pristine" else "revert"
+        process = tool.start(verb, str(root))
+        time.sleep(rng.uniform(0.5, 1.1) * duration)
+        process.kill()
+        process.communicate()
+        kills += 1
+        left = small_tree.strays(root)
+        status = tool.run("status", str(root)).stdout
+        for path in left:
+            assert str(path.relative_to(root)) in status
+        if "state: partially patched" in status or left:
+            result = tool.run("revert", str(root))
+            assert result.returncode == 0, result.stderr
+            assert small_tree.state(root, *refs[KERNELS]) == "pristine"
+        assert small_tree.state(root, *refs[KERNELS]) in ("pristine", "patched")
+        assert not small_tree.strays(root)
+    assert kills >= 10
+
+
+# -- apply racing revert --------------------------------------------------------------
+
+
+def _outcome(verb: str, state: str) -> tuple[str, str]:
+    """(message, state after) of one verb run on a tree in state."""
+    if verb == "apply":
+        return ("already applied" if state == "patched" else "applied"), "patched"
+    return ("not applied" if state == "pristine" else "reverted"), "pristine"
+
+
+def test_apply_racing_revert(refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    state = "pristine"
+    for _ in range(20):
+        runs = {v: tool.start(v, str(root)) for v in ("apply", "revert")}
+        said = {}
+        for verb, process in runs.items():
+            stdout, stderr = process.communicate(timeout=120)
+            assert process.returncode == 0, stderr
+            said[verb] = stdout.strip().splitlines()[-1]
+        end = small_tree.state(root, *refs[KERNELS])
+        assert end in ("pristine", "patched")
+        assert not small_tree.strays(root)
+        # the messages are those of one of the two serial orders
+        orders = []
+        for first, second in (("apply", "revert"), ("revert", "apply")):
+            m1, s1 = _outcome(first, state)
+            m2, s2 = _outcome(second, s1)
+            orders.append(({first: m1, second: m2}, s2))
+        assert any(
+            end == final and all(said[v].startswith(m) for v, m in messages.items())
+            for messages, final in orders
+        ), (state, said, end)
+        state = end
+
+
+# -- symlinks -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_symlinked_target_stays_a_symlink(inside, refs, tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    link = root / "vllm" / "_xpu_ops.py"
+    real_dir = (root / "real") if inside else (tmp_path / "outside")
+    real_dir.mkdir()
+    real = real_dir / "_xpu_ops.py"
+    shutil.move(link, real)
+    link.symlink_to(os.path.relpath(real, link.parent))
+    pristine_bytes = real.read_bytes()
+    assert tool.run("apply", str(root)).returncode == 0
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    patched_dir = small_tree.make(KERNELS, tmp_path / "ref")
+    releases.apply(patched_dir)
+    assert real.read_bytes() == (patched_dir / "vllm" / "_xpu_ops.py").read_bytes()
+    assert tool.run("revert", str(root)).returncode == 0
+    assert link.is_symlink() and real.read_bytes() == pristine_bytes
+    assert not small_tree.strays(root) and not small_tree.strays(real_dir)
+
+
+def test_dangling_symlink_at_an_overlay_path_is_refused(tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    link = root / "vllm" / "_xpu_gemm_fakes.py"
+    link.symlink_to(tmp_path / "nowhere.py")
+    for verb in ("apply", "revert"):
+        result = tool.run(verb, str(root))
+        assert result.returncode == 1
+        assert "vllm/_xpu_gemm_fakes.py is a dangling symlink" in result.stderr
+        assert link.is_symlink() and not (tmp_path / "nowhere.py").exists()
+
+
+def test_overlay_path_that_is_a_directory(tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    (root / "vllm" / "_xpu_gemm_fakes.py").mkdir()
+    result = tool.run("apply", str(root))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is a directory" in lines[0], result.stderr
+
+
+# -- a tree patched by an earlier version of the tool ---------------------------------
+
+
+def _git_repo() -> bool:
+    return (paths.REPO / ".git").exists() and shutil.which("git") is not None
+
+
+@pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
+def test_overlay_history_covers_git_history():
+    """The data names every committed version (regenerate it with
+    `make overlay-history` after the overlay changes)."""
+    for path, versions in history.from_git().items():
+        missing = set(versions) - history.known(path)
+        assert not missing, f"{path}: run `make overlay-history`"
+
+
+@pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
+def test_tree_patched_by_an_earlier_version(refs, tmp_path):
+    """The first committed _xpu_gemm_fakes.py in a patched tree: ours, older;
+    apply upgrades it, revert removes it."""
+    path = "vllm/_xpu_gemm_fakes.py"
+    first = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(paths.REPO),
+            "log",
+            "--reverse",
+            "--format=%H",
+            "--",
+            f"vllm_overlay/{path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    old = subprocess.run(
+        ["git", "-C", str(paths.REPO), "show", f"{first}:vllm_overlay/{path}"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert old != series.overlay_source(path).read_bytes()
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    releases.apply(root)
+    for verb, end in (("apply", "patched"), ("revert", "pristine")):
+        (root / path).write_bytes(old)
+        status = tool.run("status", str(root)).stdout
+        assert f"{path}: {engine.OLDER}" in status
+        result = tool.run(verb, str(root))
+        assert result.returncode == 0, result.stderr
+        assert small_tree.state(root, *refs[KERNELS]) == end
+    # negative control: a file that is no version of ours is still refused
+    releases.apply(root)
+    (root / path).write_bytes(old + b"# changed\n")
+    result = tool.run("revert", str(root))
+    assert (
+        result.returncode == 1 and "not the file this series installs" in result.stderr
+    )
+
+
+# -- smaller items -------------------------------------------------------------------
+
+
+def test_revert_removes_directories_apply_created(tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree", quantization_dir=False)
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    assert tool.run("apply", str(root)).returncode == 0
+    assert (root / "tests" / "kernels" / "quantization").is_dir()
+    assert tool.run("revert", str(root)).returncode == 0
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+def test_owner_and_group_are_kept(refs, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the tree another owner")
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, 1234, 2345)
+    assert tool.run("apply", str(root)).returncode == 0
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in [root, *root.rglob("*")]}
+    assert owners == {(1234, 2345)}
+    assert tool.run("revert", str(root)).returncode == 0
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in [root, *root.rglob("*")]}
+    assert owners == {(1234, 2345)}
+
+
+def test_version_tag_preferred_over_moving_tags(tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    (root / "vllm" / "_version.py").unlink()
+    (root / "PKG-INFO").unlink()
+    env = tool.git_env("t")
+    for command in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "-m", "release"],
+        ["git", "tag", "latest"],
+        ["git", "tag", "nightly"],
+        ["git", "tag", f"v{KERNELS}"],
+    ):
+        subprocess.run(command, cwd=root, check=True, env=env)
+    result = tool.run("status", str(root))
+    assert result.returncode == 0, result.stderr
+    assert f"vLLM {KERNELS} (git describe)" in result.stdout
+
+
+def test_wrong_version_override_names_the_release(tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    result = tool.run("apply", str(root), env={"VLLM_VERSION": "0.21.0"})
+    assert result.returncode == 1
+    assert "this tree is not vLLM 0.21.0" in result.stderr
+    assert KERNELS in result.stderr.split("matches", 1)[1]
+
+
+def test_verify_xpu_without_torch(tmp_path):
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3")
+    check = subprocess.run([python, "-c", "import torch"], capture_output=True)
+    if check.returncode == 0:
+        pytest.skip(f"{python} has torch")
+    result = subprocess.run(
+        [str(paths.REPO / "bin" / "xpufakes"), "verify-xpu"],
+        env=dict(os.environ, PYTHON=python),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 77, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot import torch" in lines[0]
+
+
+def test_make_passes_vllm_without_expansion(refs, tmp_path):
+    """`$` and backticks in VLLM name a directory, not a variable or a
+    command; a decoy tree at what `$lar` would expand to stays pristine."""
+    parent = tmp_path / "x"
+    decoy = small_tree.make(KERNELS, parent / "dolar")
+    name = "dol$lar`touch pwned`"
+    root = small_tree.make(KERNELS, parent / name)
+    result = subprocess.run(
+        ["make", "-s", "-C", str(paths.REPO), "apply", f"VLLM={root}"],
+        capture_output=True,
+        text=True,
+        cwd=parent,
+    )
+    assert result.returncode == 0, result.stderr
+    assert small_tree.state(root, *refs[KERNELS]) == "patched"
+    assert small_tree.state(decoy, *refs[KERNELS]) == "pristine"
+    assert not (parent / "pwned").exists() and not (paths.REPO / "pwned").exists()
