@@ -19,7 +19,7 @@ export XPUFAKES_VLLM
 unexport VLLM
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status fetch fetch-all pins refresh export stage verify-xpu audit bench test \
+.PHONY: help apply check revert status fetch fetch-all pins refresh overlay-history export stage verify-xpu audit bench test \
 	test-all test-tree venv venv-tree lint need-vllm need-pin
 
 help:  ## list the verbs
@@ -55,6 +55,9 @@ pins:  ## list the supported releases and their series
 
 refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 	@$(TOOL) refresh
+
+overlay-history:  ## record the sha256 of every committed overlay version (after committing vllm_overlay/)
+	@$(TOOL) overlay-history
 
 export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version]
 	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
