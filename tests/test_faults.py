@@ -504,6 +504,45 @@ def test_tree_patched_by_an_earlier_version(refs, tmp_path):
     )
 
 
+def _git_show(spec: str) -> bytes:
+    return subprocess.run(
+        ["git", "-C", str(paths.REPO), "show", spec], capture_output=True, check=True
+    ).stdout
+
+
+@pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
+def test_ipex_tree_patched_by_the_first_version(refs, tmp_path):
+    """0.10.2 patched as the first committed version of the series and
+    overlay did it (one patch, older overlay files): status calls those
+    files ours, revert restores the release, apply then patches it."""
+    first = subprocess.run(
+        ["git", "-C", str(paths.REPO), "log", "--reverse", "--format=%H", "--"]
+        + ["vllm_overlay/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    name = pins.load().get(IPEX).series
+    root = small_tree.make(IPEX, tmp_path / "tree")
+    listing = _git_show(f"{first}:patches/{name}/series").decode().split()
+    for entry in listing:
+        text = _git_show(f"{first}:patches/{name}/{entry}")
+        (tmp_path / entry).write_bytes(text)
+        releases.gnu_patch(root, [tmp_path / entry])
+        for line in text.decode().splitlines():
+            if line.startswith("X-Overlay:"):
+                path = line.split(":", 1)[1].strip()
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                (root / path).write_bytes(_git_show(f"{first}:vllm_overlay/{path}"))
+    status = tool.run("status", str(root)).stdout
+    assert "state: modified" not in status and engine.OLDER in status, status
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stderr
+    assert small_tree.state(root, *refs[IPEX]) == "pristine"
+    assert tool.run("apply", str(root)).returncode == 0
+    assert small_tree.state(root, *refs[IPEX]) == "patched"
+
+
 # -- smaller items -------------------------------------------------------------------
 
 
