@@ -631,3 +631,44 @@ def test_make_passes_vllm_without_expansion(refs, tmp_path):
     assert small_tree.state(root, *refs[KERNELS]) == "patched"
     assert small_tree.state(decoy, *refs[KERNELS]) == "pristine"
     assert not (parent / "pwned").exists() and not (paths.REPO / "pwned").exists()
+
+
+def test_rollback_that_fails_says_what_is_where(refs, tmp_path, monkeypatch, capsys):
+    """No real fault makes a rename back fail, so os.replace is made to
+    fail twice (the second file's swap, then the first file's restore): the
+    exit status is 4, the message names the changed file and where its
+    original is, and the command it gives finishes the job."""
+    from xpufakes import cli
+
+    root = small_tree.make(IPEX, tmp_path / "tree")
+    real_replace = os.replace
+    calls = []
+
+    def failing_replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(dst))
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error", str(dst))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(transaction.os, "replace", failing_replace)
+    status = cli.main(["apply", str(root)])
+    monkeypatch.setattr(transaction.os, "replace", real_replace)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 4, err
+    first = series.load(pins.load().get(IPEX).series).targets
+    assert f"{first[0]} is changed, its original is kept as" in err
+    assert f"make revert VLLM={root}`" in err
+    assert first[1] not in err.split("could not put every file back")[1]
+    assert small_tree.state(root, *refs[IPEX]) == "mixed"
+    (backup,) = small_tree.strays(root)  # the original, where it says
+    assert str(backup.relative_to(root)) in err
+    pristine_dir = releases.pristine(IPEX)
+    assert backup.read_bytes() == (pristine_dir / first[0]).read_bytes()
+    # that run ended here (this test is its process): its pid is gone
+    backup.rename(str(backup).replace(str(os.getpid()), str(small_tree.dead_pid())))
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stderr
+    assert small_tree.state(root, *refs[IPEX]) == "pristine"
+    assert not small_tree.strays(root)

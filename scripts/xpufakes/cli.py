@@ -421,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     finally:
+        sys.stdout.flush()  # what is buffered for a reader that left is dropped
         sys.stdout = stdout
 
 
