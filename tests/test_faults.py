@@ -329,6 +329,9 @@ def test_strays_of_live_processes_are_kept(tmp_path):
 
 
 def test_sigkill_at_random_moments(refs, tmp_path):
+    """Up to 30 runs killed at random moments around the run's own length;
+    after each, status names every stray file and revert (for a partly
+    patched tree or strays) gives a pristine tree with none left."""
     root = small_tree.make(KERNELS, tmp_path / "tree")
     start = time.monotonic()
     tool.run("apply", str(root))
@@ -337,6 +340,7 @@ def test_sigkill_at_random_moments(refs, tmp_path):
     rng = random.Random(12)
     deadline = time.monotonic() + 60
     kills = 0
+    changed = 0
     while kills < 30 and time.monotonic() < deadline:
         state = small_tree.state(root, *refs[KERNELS])
         verb = "apply" if state == "pristine" else "revert"
@@ -345,6 +349,7 @@ def test_sigkill_at_random_moments(refs, tmp_path):
         process.kill()
         process.communicate()
         kills += 1
+        changed += small_tree.state(root, *refs[KERNELS]) != state
         left = small_tree.strays(root)
         status = tool.run("status", str(root)).stdout
         for path in left:
@@ -356,6 +361,7 @@ def test_sigkill_at_random_moments(refs, tmp_path):
         assert small_tree.state(root, *refs[KERNELS]) in ("pristine", "patched")
         assert not small_tree.strays(root)
     assert kills >= 10
+    assert 0 < changed < kills  # the kills fell before and after the writes
 
 
 # -- apply racing revert --------------------------------------------------------------
@@ -672,3 +678,16 @@ def test_rollback_that_fails_says_what_is_where(refs, tmp_path, monkeypatch, cap
     assert result.returncode == 0, result.stderr
     assert small_tree.state(root, *refs[IPEX]) == "pristine"
     assert not small_tree.strays(root)
+
+
+def test_wrong_version_override_matching_nothing(tmp_path):
+    root = small_tree.make(KERNELS, tmp_path / "tree")
+    target = root / "vllm" / "_xpu_ops.py"
+    target.write_text(target.read_text() + "# local\n")
+    result = tool.run("apply", str(root), env={"VLLM_VERSION": KERNELS})
+    assert "nor any other pinned release: this is not vLLM 0.33.0, or it is" in (
+        result.stderr
+    )
+    # read from the tree, the release is right and the file is modified
+    result = tool.run("apply", str(root))
+    assert "vllm/_xpu_ops.py is locally modified" in result.stderr

@@ -45,7 +45,7 @@ def cmd_apply(args) -> int:
         if not args.dry_run:
             _sweep(plan)
         state = engine.inspect(plan)
-        engine.refuse_if_modified(plan, state)
+        engine.refuse_if_modified(plan, state, told=_told())
         summary = state.summary
         if summary == engine.PATCHED:
             print("already applied; nothing changed")
@@ -126,6 +126,11 @@ def _sweep(plan: engine.Plan) -> None:
         print(f"  {rel}: removed (left by an interrupted run)")
 
 
+def _told() -> bool:
+    """Whether the release was given (VLLM_VERSION), not read from the tree."""
+    return bool(os.environ.get("VLLM_VERSION", "").strip())
+
+
 _APPLIED = {True: "applied", False: "not applied", None: "partly applied"}
 
 
@@ -143,7 +148,7 @@ def cmd_revert(args) -> int:
     with lock.tree_lock(plan.tree.root):
         _sweep(plan)
         state = engine.inspect(plan)
-        engine.refuse_if_modified(plan, state)
+        engine.refuse_if_modified(plan, state, told=_told())
         changes = engine.changes_to_revert(plan, state)
         if not changes:
             print("not applied; nothing changed")

@@ -269,16 +269,25 @@ def directories(plan: Plan) -> set[Path]:
     return {d for d in found if d.is_dir()}
 
 
-def refuse_if_modified(plan: Plan, state: TreeState) -> None:
+def refuse_if_modified(plan: Plan, state: TreeState, told: bool = False) -> None:
+    """Refuse a tree that is not the release (or its patched form). told:
+    the release was given (VLLM_VERSION) rather than read from the tree, so
+    a tree none of whose files match is not that release."""
     differing = [f for f in state.files if f.status in (MODIFIED, MISSING)]
     if state.files and len(differing) == len(state.files):
         others = matching_releases(plan.tree, exclude=plan.pin.version)
+        paths = ", ".join(f.path for f in differing)
         if others:
             raise Refusal(
-                f"this tree is not vLLM {plan.pin.version}: "
-                + ", ".join(f.path for f in differing)
-                + " match neither that release nor its series; the tree matches "
-                f"vLLM {', '.join(others)}; nothing changed"
+                f"this tree is not vLLM {plan.pin.version}: {paths} match neither "
+                f"that release nor its series; the tree matches vLLM "
+                f"{', '.join(others)}; nothing changed"
+            )
+        if told:
+            raise Refusal(
+                f"{paths} match neither vLLM {plan.pin.version} nor its series, "
+                f"nor any other pinned release: this is not vLLM "
+                f"{plan.pin.version}, or it is locally modified; nothing changed"
             )
     for f in state.files:
         if f.status == MISSING:
