@@ -421,13 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.set_defaults(func=cmd_refresh)
 
     args = parser.parse_args(argv)
-    stdout = sys.stdout
-    sys.stdout = _LossyStdout(stdout)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Lossy(stdout), _Lossy(stderr)
     try:
         return _run(args)
     finally:
         sys.stdout.flush()  # what is buffered for a reader that left is dropped
-        sys.stdout = stdout
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = stdout, stderr
 
 
 # Verbs that change a tree hold signals from start to exit (see transaction).
@@ -470,10 +471,10 @@ def _no_hold():
     yield []
 
 
-class _LossyStdout:
-    """stdout whose reader may go away (`| head`, `| true`): output to a
-    closed pipe is dropped and the verb goes on, so the exit status always
-    says what was done to the tree, never that a pipe closed."""
+class _Lossy:
+    """stdout or stderr whose reader may go away (`| head`, `| true`):
+    output to a closed pipe is dropped and the verb goes on, so the exit
+    status always says what was done to the tree, never that a pipe closed."""
 
     def __init__(self, stream):
         self._stream = stream
