@@ -458,11 +458,13 @@ def check_fakes(root: Path, kernels: str) -> dict[str, dict]:
     return {entry["op"]: entry for entry in result}
 
 
-def audit(path: str, dynamic: bool = True) -> tuple[tree.Tree, str, list[OpReport]]:
+def audit(
+    path: str, dynamic: bool = True, kernels: str | None = None
+) -> tuple[tree.Tree, str, list[OpReport]]:
     found = tree.locate(path)
     sites, declared = scan_tree(found.root)
     schemas = _schemas()
-    kernels = kernels_of(found)
+    kernels = kernels or kernels_of(found)
     checked = check_fakes(found.root, kernels) if dynamic else {}
     reports = []
     for op in sorted(sites):

@@ -6,16 +6,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import engine, pins, recipes, series, transaction, tree
+from . import engine, live, pins, recipes, series, transaction, tree
 from .errors import INTERRUPTED, OK, REFUSED, USAGE, Refusal
 
 
-def _plan(path: str) -> tuple[engine.Plan, str]:
-    found = tree.locate(path)
-    version, source = tree.detect_version(found)
-    pin = pins.load().get(version)
+def _locate(path: str | None) -> tree.Tree:
+    """The tree given, else the vLLM this Python imports (said aloud)."""
+    if path:
+        return tree.locate(path)
+    found = tree.installed()
+    print(f"no VLLM= given: the vLLM that {sys.executable} imports, {found.root}")
+    return found
+
+
+def _plan(path: str | None, found: tree.Tree | None = None) -> tuple[engine.Plan, str]:
+    found = found or _locate(path)
+    base = tree.detect_base(found)
+    pin = base.pin
     plan = engine.Plan(found, pin, series.load(pin.series), overlay_root=None)
-    where = f"vLLM {version} ({source}), {found.shape} at {found.root}"
+    where = f"{base.reason}, {found.shape} at {found.root}"
     return plan, where
 
 
@@ -28,10 +37,19 @@ def _describe(plan: engine.Plan, patch: series.Patch) -> str:
 
 
 def cmd_apply(args) -> int:
-    plan, where = _plan(args.vllm)
+    found = _locate(args.vllm)
+    state_file = live.read_state(found)
+    if state_file is not None:
+        return _apply_on_recipe_state(found, state_file, args)
+    base = tree.detect_base(found)
+    if base.by_recipe:
+        return _apply_by_recipe(found, base, args)
+    plan, where = _plan(args.vllm, found)
     print(f"{where} -> series {plan.series.name}")
     state = engine.inspect(plan)
     engine.refuse_if_modified(plan, state)
+    if args.patches:
+        return _apply_selected(plan, state, args)
     summary = state.summary
     if summary == engine.PATCHED:
         print("already applied; nothing changed")
@@ -55,6 +73,124 @@ def cmd_apply(args) -> int:
     return OK
 
 
+def _selection(plan: engine.Plan, state: engine.TreeState, args) -> list[str]:
+    """The patches PATCHES= names; refuses a partly applied one."""
+    names = [p.name for p in plan.series.patches]
+    chosen = live.select(names, args.patches, f"series {plan.series.name}")
+    unclear = [n for n, applied in state.applied.items() if applied is None]
+    if unclear:
+        raise Refusal(_partial_message(state))
+    return chosen
+
+
+def _reach(plan: engine.Plan, state: engine.TreeState, keep: set[str], args) -> None:
+    live.check_depends({p.name: p.depends for p in plan.series.patches}, keep)
+    changes = engine.changes_to_reach(plan, state, keep)
+    verb = "revert" if args.func is cmd_revert else "apply"
+    if args.dry_run:
+        print(f"would {verb} {', '.join(args.chosen)}; nothing changed")
+        return
+    _commit(changes, plan)
+    for name in args.chosen:
+        print(f"  {name}: {'reverted' if verb == 'revert' else 'applied'}")
+    print(f"now applied: {', '.join(sorted(keep)) or 'none'}")
+
+
+def _apply_selected(plan: engine.Plan, state: engine.TreeState, args) -> int:
+    args.chosen = _selection(plan, state, args)
+    applied = {n for n, a in state.applied.items() if a}
+    if set(args.chosen) <= applied:
+        print(f"already applied: {', '.join(args.chosen)}; nothing changed")
+        return OK
+    args.chosen = [n for n in args.chosen if n not in applied]
+    _reach(plan, state, applied | set(args.chosen), args)
+    return OK
+
+
+def _apply_by_recipe(found: tree.Tree, base, args) -> int:
+    from . import proof
+
+    print(f"{base.reason}; {found.shape} at {found.root}")
+    result = live.by_recipe(found, base, args.patches)
+    if result.mixed:
+        print(
+            "mixed tree: IPEX era, and its code calls the _xpu_C GEMMs: "
+            "registering the fakes of both"
+        )
+    kernels = proof.standins(base, result.mixed)
+    if args.no_proof:
+        print("WARNING: --no-proof: the edited tree is NOT proven (no fake checked)")
+    else:
+        python = proof.torch_python()
+        if python is None:
+            raise Refusal(
+                "the recipe path proves its result with torch, and there is none "
+                f"here ({sys.executable}, $VLLM_XPU_FAKES_PROOF_PYTHON, .venv); "
+                "install torch, run `make venv`, or pass --no-proof (NO_PROOF=1); "
+                "nothing changed"
+            )
+        failures = proof.prove(found.root, result.changes, kernels, python)
+        if failures:
+            raise Refusal(
+                "the edited tree fails the proof: "
+                + "; ".join(failures)
+                + "; nothing changed"
+            )
+        print(
+            "proof: every op of ours the edited tree calls from traced code has "
+            f"a conformant fake (stand-ins: {kernels})"
+        )
+    verb = "would change" if args.dry_run else "changed"
+    for path in result.edited:
+        print(f"  {path}: {verb} by recipe")
+    for path in result.added:
+        print(f"  {path}: {'would be added' if args.dry_run else 'added'}")
+    if args.dry_run:
+        print(f"would apply {', '.join(result.patches)} by recipe; nothing changed")
+        return OK
+    plan = engine.Plan(found, base.pin, series.load(base.pin.series))
+    _commit(result.changes, plan)
+    print(
+        f"applied {len(result.patches)} patch(es) by recipe: "
+        f"{len(result.edited)} file(s) changed, {len(result.added)} added; "
+        f"what was done is in {live.STATE_FILE}"
+    )
+    return OK
+
+
+def _apply_on_recipe_state(found: tree.Tree, state: dict, args) -> int:
+    print(
+        f"applied by recipe on base {state['base']} (vLLM {state['version']}), "
+        f"{found.shape} at {found.root}"
+    )
+    changed = live.changed_since(found, state)
+    if changed:
+        raise Refusal(
+            "changed since apply by recipe: "
+            + ", ".join(changed)
+            + f"; restore them (pre-apply bytes in {live.STATE_FILE}) or remove "
+            "that file; nothing changed"
+        )
+    wanted = live.select(
+        [r.name for r in recipes.RECIPES[_era_of_state(state)]],
+        args.patches,
+        "the recipes",
+    )
+    missing = [n for n in wanted if n not in state["patches"]]
+    if missing:
+        raise Refusal(
+            f"{', '.join(state['patches'])} applied by recipe; to add "
+            f"{', '.join(missing)}, run `make revert` and apply them together; "
+            "nothing changed"
+        )
+    print("already applied; nothing changed")
+    return OK
+
+
+def _era_of_state(state: dict) -> str:
+    return pins.load().get(state["base"]).series.split("-")[0]
+
+
 def _commit(changes: list[transaction.Change], plan: engine.Plan) -> None:
     transaction.writable_or_refuse(changes, plan.tree.root)
     try:
@@ -75,10 +211,37 @@ def _partial_message(state: engine.TreeState) -> str:
 
 
 def cmd_revert(args) -> int:
-    plan, where = _plan(args.vllm)
+    found = _locate(args.vllm)
+    state_file = live.read_state(found)
+    if state_file is not None:
+        print(
+            f"applied by recipe on base {state_file['base']} "
+            f"(vLLM {state_file['version']}), {found.shape} at {found.root}"
+        )
+        changes = live.changes_to_revert(found, state_file)
+        if args.dry_run:
+            print("would restore the pre-apply files; nothing changed")
+            return OK
+        plan = engine.Plan(found, pins.load().get(state_file["base"]), None)
+        _commit(changes, plan)
+        for change in changes:
+            rel = change.path.relative_to(found.root)
+            print(f"  {rel}: {'removed' if change.data is None else 'restored'}")
+        print("reverted: every file is as it was before apply")
+        return OK
+    plan, where = _plan(args.vllm, found)
     print(f"{where} -> series {plan.series.name}")
     state = engine.inspect(plan)
-    engine.refuse_if_modified(plan, state)
+    engine.refuse_if_modified(plan, state, reverting=True)
+    if args.patches:
+        args.chosen = _selection(plan, state, args)
+        applied = {n for n, a in state.applied.items() if a}
+        args.chosen = [n for n in args.chosen if n in applied]
+        if not args.chosen:
+            print("not applied; nothing changed")
+            return OK
+        _reach(plan, state, applied - set(args.chosen), args)
+        return OK
     changes = engine.changes_to_revert(plan, state)
     if not changes:
         print("not applied; nothing changed")
@@ -92,7 +255,11 @@ def cmd_revert(args) -> int:
 
 
 def cmd_status(args) -> int:
-    plan, where = _plan(args.vllm)
+    found = _locate(args.vllm)
+    state_file = live.read_state(found)
+    if state_file is not None:
+        return _status_by_recipe(found, state_file)
+    plan, where = _plan(args.vllm, found)
     state = engine.inspect(plan)
     print(where)
     print(f"series {plan.series.name} ({len(plan.series.patches)} patch(es))")
@@ -102,10 +269,35 @@ def cmd_status(args) -> int:
         extra = (
             f" ({f.stage} of {f.stages} diffs)" if f.status == engine.PARTIAL else ""
         )
-        print(f"  {f.path}: {f.status}{extra}")
+        status = f.status
+        if status == engine.MODIFIED and not f.carries_ours:
+            status = "modified, not applied"
+        print(f"  {f.path}: {status}{extra}")
     for o in state.overlay:
         print(f"  {o.path}: {o.status}")
-    print(f"state: {state.summary}")
+    summary = state.summary
+    if summary == engine.MODIFIED and not any(
+        f.carries_ours or f.status == engine.MISSING for f in state.files
+    ):
+        summary = "modified, not applied (apply runs the recipes on it)"
+    print(f"state: {summary}")
+    return OK
+
+
+def _status_by_recipe(found: tree.Tree, state: dict) -> int:
+    pin = pins.load().get(state["base"])
+    print(
+        f"applied by recipe on base {pin.version} (vLLM {state['version']}), "
+        f"{found.shape} at {found.root}"
+    )
+    print(f"patches: {', '.join(state['patches'])} ({live.STATE_FILE})")
+    files = live.file_states(found, state, pin.files)
+    for path, status in files.items():
+        print(f"  {path}: {status}")
+    if all(s in (live.APPLIED, live.APPLIED_MODIFIED) for s in files.values()):
+        print("state: patched by recipe")
+    else:
+        print("state: changed since apply by recipe")
     return OK
 
 
@@ -199,7 +391,9 @@ def cmd_verify_xpu(args) -> int:
 def cmd_audit(args) -> int:
     from . import audit
 
-    found, kernels, reports = audit.audit(args.vllm, dynamic=not args.static)
+    found, kernels, reports = audit.audit(
+        args.vllm, dynamic=not args.static, kernels=args.standins
+    )
     print(
         audit.to_json(found, kernels, reports)
         if args.json
@@ -247,7 +441,23 @@ def main(argv: list[str] | None = None) -> int:
         ("status", cmd_status, "release, series, and what is applied"),
     ):
         sub = verbs.add_parser(name, help=helptext)
-        sub.add_argument("vllm", metavar="VLLM", help="path to the vLLM tree")
+        sub.add_argument(
+            "vllm",
+            metavar="VLLM",
+            nargs="?",
+            help="path to the vLLM tree (default: the vLLM this Python imports)",
+        )
+        sub.add_argument(
+            "--patches",
+            type=lambda text: text.replace(",", " ").split(),
+            metavar="NUMBERS",
+            help='part of the series, e.g. "0001" (dependencies are checked)',
+        )
+        sub.add_argument(
+            "--no-proof",
+            action="store_true",
+            help="recipe path: commit without the proof (no torch here)",
+        )
         sub.set_defaults(func=func, dry_run=name == "check")
 
     sub = verbs.add_parser("fetch", help="download, verify and unpack releases")
@@ -289,6 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_argument("vllm", metavar="VLLM", help="path to the vLLM tree")
     sub.add_argument("--json", action="store_true")
     sub.add_argument("--static", action="store_true", help="skip loading the fakes")
+    sub.add_argument(
+        "--standins",
+        metavar="KERNELS",
+        help="the stand-in kernels (default: the tree's); several joined by ;",
+    )
     sub.set_defaults(func=cmd_audit)
 
     sub = verbs.add_parser("bench", help="eager vs compiled, compile counts, tool time")
