@@ -35,6 +35,11 @@ OURS = frozenset(
 GOOD_VERDICTS = ("ok", "not traced", "ok (no tensor returned)")
 
 
+def is_ours(op: str) -> bool:
+    """Whether an op (as audit names it, maybe with an overload) is ours."""
+    return op in OURS or op.split(".")[0] in OURS
+
+
 def torch_python() -> str | None:
     """A Python that has torch, or None."""
     override = os.environ.get("VLLM_XPU_FAKES_PROOF_PYTHON")
@@ -95,5 +100,5 @@ def prove(root: Path, changes: list[Change], kernels: str, python: str) -> list[
         f"{op['op']}: {op['verdict']}"
         + (f" ({op['detail'][:120]})" if op.get("detail") else "")
         for op in report["ops"]
-        if op["op"].split(".")[0] in OURS and op["verdict"] not in GOOD_VERDICTS
+        if is_ours(op["op"]) and op["verdict"] not in GOOD_VERDICTS
     ]
