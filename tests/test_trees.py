@@ -414,6 +414,19 @@ def test_result_that_does_not_conform_is_refused(tmp_path):
     )
 
 
+def test_proof_that_cannot_run_is_refused(tmp_path):
+    """A proof Python that runs nothing (here /bin/false) proves nothing:
+    refused, the tree unchanged."""
+    root = downstream_ipex(tmp_path / "tree")
+    _refused_unchanged(
+        root,
+        ("apply", str(root)),
+        "the proof could not run (/bin/false",
+        "nothing changed",
+        env={"VLLM_XPU_FAKES_PROOF_PYTHON": "/bin/false"},
+    )
+
+
 def test_status_and_revert_of_a_tree_applied_by_recipe(tmp_path):
     root = wheel_xpu(tmp_path / "site-packages")
     ops = root / "vllm" / "_xpu_ops.py"

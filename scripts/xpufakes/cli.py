@@ -19,9 +19,11 @@ def _locate(path: str | None) -> tree.Tree:
     return found
 
 
-def _plan(path: str | None, found: tree.Tree | None = None) -> tuple[engine.Plan, str]:
+def _plan(
+    path: str | None, found: tree.Tree | None = None, base=None
+) -> tuple[engine.Plan, str]:
     found = found or _locate(path)
-    base = tree.detect_base(found)
+    base = base or tree.detect_base(found)
     pin = base.pin
     plan = engine.Plan(found, pin, series.load(pin.series), overlay_root=None)
     where = f"{base.reason}, {found.shape} at {found.root}"
@@ -44,7 +46,7 @@ def cmd_apply(args) -> int:
     base = tree.detect_base(found)
     if base.by_recipe:
         return _apply_by_recipe(found, base, args)
-    plan, where = _plan(args.vllm, found)
+    plan, where = _plan(args.vllm, found, base)
     print(f"{where} -> series {plan.series.name}")
     state = engine.inspect(plan)
     engine.refuse_if_modified(plan, state)
@@ -83,27 +85,35 @@ def _selection(plan: engine.Plan, state: engine.TreeState, args) -> list[str]:
     return chosen
 
 
-def _reach(plan: engine.Plan, state: engine.TreeState, keep: set[str], args) -> None:
+def _reach(
+    plan: engine.Plan,
+    state: engine.TreeState,
+    keep: set[str],
+    changing: list[str],
+    verb: str,
+    dry_run: bool,
+) -> None:
+    """Leave exactly the patches in `keep` applied (PATCHES=): `changing`
+    are the ones applied (verb "apply") or reverted ("revert") to get there."""
     live.check_depends({p.name: p.depends for p in plan.series.patches}, keep)
     changes = engine.changes_to_reach(plan, state, keep)
-    verb = "revert" if args.func is cmd_revert else "apply"
-    if args.dry_run:
-        print(f"would {verb} {', '.join(args.chosen)}; nothing changed")
+    if dry_run:
+        print(f"would {verb} {', '.join(changing)}; nothing changed")
         return
     _commit(changes, plan)
-    for name in args.chosen:
+    for name in changing:
         print(f"  {name}: {'reverted' if verb == 'revert' else 'applied'}")
     print(f"now applied: {', '.join(sorted(keep)) or 'none'}")
 
 
 def _apply_selected(plan: engine.Plan, state: engine.TreeState, args) -> int:
-    args.chosen = _selection(plan, state, args)
+    chosen = _selection(plan, state, args)
     applied = {n for n, a in state.applied.items() if a}
-    if set(args.chosen) <= applied:
-        print(f"already applied: {', '.join(args.chosen)}; nothing changed")
+    if set(chosen) <= applied:
+        print(f"already applied: {', '.join(chosen)}; nothing changed")
         return OK
-    args.chosen = [n for n in args.chosen if n not in applied]
-    _reach(plan, state, applied | set(args.chosen), args)
+    chosen = [n for n in chosen if n not in applied]
+    _reach(plan, state, applied | set(chosen), chosen, "apply", args.dry_run)
     return OK
 
 
@@ -234,13 +244,12 @@ def cmd_revert(args) -> int:
     state = engine.inspect(plan)
     engine.refuse_if_modified(plan, state, reverting=True)
     if args.patches:
-        args.chosen = _selection(plan, state, args)
         applied = {n for n, a in state.applied.items() if a}
-        args.chosen = [n for n in args.chosen if n in applied]
-        if not args.chosen:
+        chosen = [n for n in _selection(plan, state, args) if n in applied]
+        if not chosen:
             print("not applied; nothing changed")
             return OK
-        _reach(plan, state, applied - set(args.chosen), args)
+        _reach(plan, state, applied - set(chosen), chosen, "revert", args.dry_run)
         return OK
     changes = engine.changes_to_revert(plan, state)
     if not changes:
