@@ -532,3 +532,32 @@ def test_detect_base_refuses_a_release_we_do_not_pin(monkeypatch):
     monkeypatch.setenv("VLLM_VERSION", "0.15.1")
     with pytest.raises(Exception, match="0.15.1 is not a supported release"):
         tree.detect_base(tree.locate(str(releases.pristine("0.16.0"))))
+
+
+def test_ipex_recipe_finds_an_import_moved_into_a_block():
+    """The IPEX import moved under `if current_platform.is_xpu():`: the fakes
+    are registered right after it, inside the block, and nowhere else."""
+    import ast
+
+    from xpufakes import recipes
+
+    text = (releases.pristine(IPEX_RELEASE) / "vllm" / "_ipex_ops.py").read_text()
+    guard = (
+        "try:\n    import intel_extension_for_pytorch as ipex\n"
+        "except ImportError as e:\n"
+        '    logger.debug("Import error msg: %s", e.msg)\n'
+    )
+    assert guard in text
+    indented = "".join("    " + line for line in guard.splitlines(keepends=True))
+    moved = text.replace(guard, "if current_platform.is_xpu():\n" + indented)
+    edited = recipes.edit_ipex_ops(moved)
+    module = ast.parse(edited)
+    block = next(n for n in module.body if isinstance(n, ast.If))
+    calls = [ast.unparse(n) for n in block.body if isinstance(n, ast.Expr)]
+    assert calls == ["register_ipex_gemm_fakes()"]
+    assert isinstance(block.body[0], ast.Try)  # after the import, not before
+    assert edited.count("register_ipex_gemm_fakes()") == 1
+    with pytest.raises(recipes.RecipeError, match="intel_extension_for_pytorch"):
+        recipes.edit_ipex_ops(
+            moved.replace("import intel_extension_for_pytorch", "import os")
+        )
