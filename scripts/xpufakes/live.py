@@ -110,17 +110,26 @@ def is_mixed(found: Tree, base: Base, sources: dict[str, str] | None = None) -> 
     """An IPEX-era tree some of whose code calls the _xpu_C GEMMs."""
     if base.era != IPEX:
         return False
-    ours = {recipes.FAKES_MODULE, recipes.WOQ_MODULE}
     sources = sources if sources is not None else _vllm_sources(found.root)
     return any(
-        recipes.calls_xpu_c_gemms(text) for p, text in sources.items() if p not in ours
+        recipes.calls_xpu_c_gemms(text)
+        for p, text in sources.items()
+        if p not in OUR_MODULES
     )
+
+
+# the modules we add to vllm/ (never a recipe's target)
+OUR_MODULES = frozenset({recipes.FAKES_MODULE, recipes.WOQ_MODULE})
 
 
 def _targets(edit: recipes.Edit, sources: dict[str, str]) -> list[str]:
     if not edit.anywhere:
         return [edit.target]
-    return [p for p, text in sources.items() if all(s in text for s in edit.anywhere)]
+    return [
+        p
+        for p, text in sources.items()
+        if p not in OUR_MODULES and all(s in text for s in edit.anywhere)
+    ]
 
 
 def by_recipe(
