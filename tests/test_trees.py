@@ -431,6 +431,11 @@ def test_status_and_revert_of_a_tree_applied_by_recipe(tmp_path):
     root = wheel_xpu(tmp_path / "site-packages")
     ops = root / "vllm" / "_xpu_ops.py"
     original = ops.read_bytes()
+    before = _hashes(root)
+    result = tool.run("check", str(root), "--no-proof")
+    assert result.returncode == 0, result.stderr
+    assert "vllm/_xpu_ops.py: would change by recipe" in result.stdout
+    assert _hashes(root) == before  # check changes nothing
     result = tool.run("apply", str(root), "--no-proof")
     assert result.returncode == 0, result.stderr
     assert "NOT proven" in result.stdout
