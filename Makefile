@@ -32,17 +32,23 @@ need-vllm:
 need-pin:
 	@test -n "$(PIN)" || { echo "error: give the release: PIN=<version>" >&2; exit 2; }
 
-apply: need-vllm  ## apply the release's series to a vLLM tree (VLLM=path)
-	@$(TOOL) apply "$$XPUFAKES_VLLM"
+# apply/check/revert/status: without VLLM=, the vLLM that $(PYTHON) imports;
+# PATCHES="0001 ..." selects part of the series; NO_PROOF=1 skips the proof
+# of the recipe path (which needs torch).
+TREE_ARGS = $${XPUFAKES_VLLM:+"$$XPUFAKES_VLLM"} \
+	$(if $(PATCHES),--patches "$(PATCHES)") $(if $(NO_PROOF),--no-proof)
 
-check: need-vllm  ## say what apply would do, change nothing (VLLM=path)
-	@$(TOOL) check "$$XPUFAKES_VLLM"
+apply:  ## apply the series, or the recipes, to a vLLM tree ([VLLM=path] [PATCHES=0001])
+	@$(TOOL) apply $(TREE_ARGS)
 
-revert: need-vllm  ## restore the pristine release (VLLM=path)
-	@$(TOOL) revert "$$XPUFAKES_VLLM"
+check:  ## say what apply would do, change nothing ([VLLM=path] [PATCHES=...])
+	@$(TOOL) check $(TREE_ARGS)
 
-status: need-vllm  ## release, series, applied patches, file states (VLLM=path)
-	@$(TOOL) status "$$XPUFAKES_VLLM"
+revert:  ## restore the tree as it was before apply ([VLLM=path] [PATCHES=...])
+	@$(TOOL) revert $(TREE_ARGS)
+
+status:  ## base release, series, applied patches, file states ([VLLM=path])
+	@$(TOOL) status $(TREE_ARGS)
 
 fetch: need-pin  ## download, verify and unpack a pinned release (PIN=version)
 	@$(TOOL) fetch "$(PIN)"

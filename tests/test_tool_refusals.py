@@ -58,14 +58,40 @@ def test_unsupported_release(tree):
     assert releases.file_hashes(tree) == before
 
 
-def test_modified_target(tree):
+def test_modified_target_is_modified_not_applied(tree):
+    """A locally modified target holding none of our changes: status says
+    "modified, not applied" (never "partly applied"), revert has nothing to
+    do. (apply takes it by recipe: tests/test_trees.py.)"""
     target = tree / "vllm" / "_xpu_ops.py"
     target.write_text(target.read_text() + "# a local change\n")
     before = releases.file_hashes(tree)
-    for verb in ("apply", "check", "revert"):
-        _refused(tool.run(verb, str(tree)), "vllm/_xpu_ops.py is locally modified")
+    status = tool.run("status", str(tree)).stdout
+    assert "vllm/_xpu_ops.py: modified, not applied" in status
+    assert "0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch: not applied" in status
+    assert "partly applied" not in status
+    result = tool.run("revert", str(tree))
+    assert result.returncode == 0 and "not applied; nothing changed" in result.stdout
     assert releases.file_hashes(tree) == before
-    assert "state: modified" in tool.run("status", str(tree)).stdout
+
+
+def test_refusal_names_every_offending_file(tree):
+    """Our changes applied by hand, then one target edited and a foreign file
+    where an overlay file goes: apply and revert refuse, naming both."""
+    loaded = releases.series.load(releases.pins.load().get(RELEASE).series)
+    releases.gnu_patch(tree, [p.path for p in loaded.patches])
+    target = tree / "vllm" / "_xpu_ops.py"
+    target.write_text(target.read_text() + "# a local change\n")
+    test_file = tree / "tests" / "kernels" / "quantization" / "test_xpu_gemm_fakes.py"
+    test_file.write_text("# someone else's\n")
+    before = releases.file_hashes(tree)
+    for verb in ("apply", "revert"):
+        _refused(
+            tool.run(verb, str(tree)),
+            "vllm/_xpu_ops.py",
+            "tests/kernels/quantization/test_xpu_gemm_fakes.py",
+            "nothing changed",
+        )
+    assert releases.file_hashes(tree) == before
 
 
 def test_foreign_file_where_an_overlay_file_goes(tree):

@@ -139,9 +139,11 @@ def patch_text(variant: Variant, index: int, date: str) -> str:
     recipe = recipes.RECIPES[variant.era][index]
     header = recipe.header.format(releases=_ranges(variant.releases), date=date)
     overlay = "".join(f"X-Overlay: {path}\n" for path in recipe.overlay)
+    depends = "".join(f"X-Depends: {dependency}\n" for dependency in recipe.depends)
     return (
         header
         + overlay
+        + depends
         + f"Signed-off-by: {SIGNED_OFF_BY}\n"
         + "---\n"
         + variant.diffs[index]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import engine, lock, pins, recipes, record, series, transaction, tree
+from . import engine, live, lock, pins, recipes, record, series, transaction, tree
 from .errors import (
     INTERRUPTED,
     INTERRUPTED_AFTER_COMMIT,
@@ -21,12 +21,23 @@ from .errors import (
 )
 
 
-def _plan(path: str) -> tuple[engine.Plan, str]:
-    found = tree.locate(path)
-    version, source = tree.detect_version(found)
-    pin = pins.load().get(version)
+def _locate(path: str | None) -> tree.Tree:
+    """The tree given, else the vLLM this Python imports (said aloud)."""
+    if path:
+        return tree.locate(path)
+    found = tree.installed()
+    print(f"no VLLM= given: the vLLM that {sys.executable} imports, {found.root}")
+    return found
+
+
+def _plan(
+    path: str | None, found: tree.Tree | None = None, base=None
+) -> tuple[engine.Plan, str]:
+    found = found or _locate(path)
+    base = base or tree.detect_base(found)
+    pin = base.pin
     plan = engine.Plan(found, pin, series.load(pin.series), overlay_root=None)
-    where = f"vLLM {version} ({source}), {found.shape} at {found.root}"
+    where = f"{base.reason}, {found.shape} at {found.root}"
     return plan, where
 
 
@@ -39,13 +50,22 @@ def _describe(plan: engine.Plan, patch: series.Patch) -> str:
 
 
 def cmd_apply(args) -> int:
-    plan, where = _plan(args.vllm)
-    print(f"{where} -> series {plan.series.name}")
-    with lock.tree_lock(plan.tree.root, exclusive=not args.dry_run):
+    found = _locate(args.vllm)
+    with lock.tree_lock(found.root, exclusive=not args.dry_run):
+        state_file = live.read_state(found)
+        if state_file is not None:
+            return _apply_on_recipe_state(found, state_file, args)
+        base = tree.detect_base(found)
+        if base.by_recipe:
+            return _apply_by_recipe(found, base, args)
+        plan, where = _plan(args.vllm, found, base)
+        print(f"{where} -> series {plan.series.name}")
         if not args.dry_run:
             _sweep(plan)
         state = engine.inspect(plan)
-        engine.refuse_if_modified(plan, state, told=_told())
+        engine.refuse_if_modified(plan, state)
+        if args.patches:
+            return _apply_selected(plan, state, args)
         summary = state.summary
         if summary == engine.PATCHED:
             print("already applied; nothing changed")
@@ -120,15 +140,142 @@ def _commit(
         )
 
 
-def _sweep(plan: engine.Plan) -> None:
-    for path in transaction.sweep(engine.directories(plan)):
+def _sweep(plan: engine.Plan, changes: list[transaction.Change] = ()) -> None:
+    """Remove what a killed run left in the directories we write in (the
+    series' and, on the recipe path, those of the files it changes)."""
+    dirs = engine.directories(plan) | {
+        c.path.parent for c in changes if c.path.parent.is_dir()
+    }
+    for path in transaction.sweep(dirs):
         rel = transaction._rel(path, plan.tree.root)
         print(f"  {rel}: removed (left by an interrupted run)")
 
 
-def _told() -> bool:
-    """Whether the release was given (VLLM_VERSION), not read from the tree."""
-    return bool(os.environ.get("VLLM_VERSION", "").strip())
+def _selection(plan: engine.Plan, state: engine.TreeState, args) -> list[str]:
+    """The patches PATCHES= names; refuses a partly applied one."""
+    names = [p.name for p in plan.series.patches]
+    chosen = live.select(names, args.patches, f"series {plan.series.name}")
+    unclear = [n for n, applied in state.applied.items() if applied is None]
+    if unclear:
+        raise Refusal(_partial_message(state))
+    return chosen
+
+
+def _reach(
+    plan: engine.Plan,
+    state: engine.TreeState,
+    keep: set[str],
+    changing: list[str],
+    verb: str,
+    dry_run: bool,
+) -> None:
+    """Leave exactly the patches in `keep` applied (PATCHES=): `changing`
+    are the ones applied (verb "apply") or reverted ("revert") to get there."""
+    live.check_depends({p.name: p.depends for p in plan.series.patches}, keep)
+    changes = engine.changes_to_reach(plan, state, keep)
+    if dry_run:
+        print(f"would {verb} {', '.join(changing)}; nothing changed")
+        return
+    _commit(changes, plan, f"{verb} {', '.join(changing)}", "the selection")
+    for name in changing:
+        print(f"  {name}: {'reverted' if verb == 'revert' else 'applied'}")
+    print(f"now applied: {', '.join(sorted(keep)) or 'none'}")
+
+
+def _apply_selected(plan: engine.Plan, state: engine.TreeState, args) -> int:
+    chosen = _selection(plan, state, args)
+    applied = {n for n, a in state.applied.items() if a}
+    if set(chosen) <= applied:
+        print(f"already applied: {', '.join(chosen)}; nothing changed")
+        return OK
+    chosen = [n for n in chosen if n not in applied]
+    _reach(plan, state, applied | set(chosen), chosen, "apply", args.dry_run)
+    return OK
+
+
+def _apply_by_recipe(found: tree.Tree, base, args) -> int:
+    from . import proof
+
+    print(f"{base.reason}; {found.shape} at {found.root}")
+    result = live.by_recipe(found, base, args.patches)
+    if result.mixed:
+        print(
+            "mixed tree: IPEX era, and its code calls the _xpu_C GEMMs: "
+            "registering the fakes of both"
+        )
+    kernels = proof.standins(base, result.mixed)
+    if args.no_proof:
+        print("WARNING: --no-proof: the edited tree is NOT proven (no fake checked)")
+    else:
+        python = proof.torch_python()
+        if python is None:
+            raise Refusal(
+                "the recipe path proves its result with torch, and there is none "
+                f"here ({sys.executable}, $VLLM_XPU_FAKES_PROOF_PYTHON, .venv); "
+                "install torch, run `make venv`, or pass --no-proof (NO_PROOF=1); "
+                "nothing changed"
+            )
+        failures = proof.prove(found.root, result.changes, kernels, python)
+        if failures:
+            raise Refusal(
+                "the edited tree fails the proof: "
+                + "; ".join(failures)
+                + "; nothing changed"
+            )
+        print(
+            "proof: every op of ours the edited tree calls from traced code has "
+            f"a conformant fake (stand-ins: {kernels})"
+        )
+    verb = "would change" if args.dry_run else "changed"
+    for path in result.edited:
+        print(f"  {path}: {verb} by recipe")
+    for path in result.added:
+        print(f"  {path}: {'would be added' if args.dry_run else 'added'}")
+    if args.dry_run:
+        print(f"would apply {', '.join(result.patches)} by recipe; nothing changed")
+        return OK
+    plan = engine.Plan(found, base.pin, series.load(base.pin.series))
+    _sweep(plan, result.changes)
+    _commit(result.changes, plan, "applied by recipe", "the tree was fully patched")
+    print(
+        f"applied {len(result.patches)} patch(es) by recipe: "
+        f"{len(result.edited)} file(s) changed, {len(result.added)} added; "
+        f"what was done is in {live.STATE_FILE}"
+    )
+    return OK
+
+
+def _apply_on_recipe_state(found: tree.Tree, state: dict, args) -> int:
+    print(
+        f"applied by recipe on base {state['base']} (vLLM {state['version']}), "
+        f"{found.shape} at {found.root}"
+    )
+    changed = live.changed_since(found, state)
+    if changed:
+        raise Refusal(
+            "changed since apply by recipe: "
+            + ", ".join(changed)
+            + f"; restore them (pre-apply bytes in {live.STATE_FILE}) or remove "
+            "that file; nothing changed"
+        )
+    wanted = live.select(
+        [r.name for r in recipes.RECIPES[_era_of_state(state)]],
+        args.patches,
+        "the recipes",
+    )
+    missing = [n for n in wanted if n not in state["patches"]]
+    if missing:
+        raise Refusal(
+            f"{', '.join(state['patches'])} applied by recipe; to add "
+            f"{', '.join(missing)}, run `make revert` and apply them together; "
+            "nothing changed"
+        )
+    print("already applied; nothing changed")
+    return OK
+
+
+def _era_of_state(state: dict) -> str:
+    return pins.load().get(state["base"]).series.split("-")[0]
 
 
 _APPLIED = {True: "applied", False: "not applied", None: "partly applied"}
@@ -142,13 +289,50 @@ def _partial_message(state: engine.TreeState) -> str:
     )
 
 
+def _recipe_plan(found: tree.Tree, state_file: dict) -> engine.Plan:
+    pin = pins.load().get(state_file["base"])
+    return engine.Plan(found, pin, series.load(pin.series))
+
+
+def _revert_by_recipe(found: tree.Tree, state_file: dict, args) -> int:
+    print(
+        f"applied by recipe on base {state_file['base']} "
+        f"(vLLM {state_file['version']}), {found.shape} at {found.root}"
+    )
+    changes = live.changes_to_revert(found, state_file)
+    if args.dry_run:
+        print("would restore the pre-apply files; nothing changed")
+        return OK
+    plan = _recipe_plan(found, state_file)
+    _sweep(plan, changes)
+    _commit(changes, plan, "reverted", "the tree was as it was before apply")
+    for change in changes:
+        rel = change.path.relative_to(found.root)
+        print(f"  {rel}: {'removed' if change.data is None else 'restored'}")
+    print("reverted: every file is as it was before apply")
+    return OK
+
+
 def cmd_revert(args) -> int:
-    plan, where = _plan(args.vllm)
-    print(f"{where} -> series {plan.series.name}")
-    with lock.tree_lock(plan.tree.root):
-        _sweep(plan)
+    found = _locate(args.vllm)
+    with lock.tree_lock(found.root, exclusive=not args.dry_run):
+        state_file = live.read_state(found)
+        if state_file is not None:
+            return _revert_by_recipe(found, state_file, args)
+        plan, where = _plan(args.vllm, found)
+        print(f"{where} -> series {plan.series.name}")
+        if not args.dry_run:
+            _sweep(plan)
         state = engine.inspect(plan)
-        engine.refuse_if_modified(plan, state, told=_told())
+        engine.refuse_if_modified(plan, state, reverting=True)
+        if args.patches:
+            applied = {n for n, a in state.applied.items() if a}
+            chosen = [n for n in _selection(plan, state, args) if n in applied]
+            if not chosen:
+                print("not applied; nothing changed")
+                return OK
+            _reach(plan, state, applied - set(chosen), chosen, "revert", args.dry_run)
+            return OK
         changes = engine.changes_to_revert(plan, state)
         if not changes:
             print("not applied; nothing changed")
@@ -162,10 +346,14 @@ def cmd_revert(args) -> int:
 
 
 def cmd_status(args) -> int:
-    plan, where = _plan(args.vllm)
-    with lock.tree_lock(plan.tree.root, exclusive=False):
+    found = _locate(args.vllm)
+    with lock.tree_lock(found.root, exclusive=False):
+        state_file = live.read_state(found)
+        if state_file is not None:
+            return _status_by_recipe(found, state_file)
+        plan, where = _plan(args.vllm, found)
         state = engine.inspect(plan)
-        found = transaction.strays(engine.directories(plan))
+        strays = transaction.strays(engine.directories(plan))
     print(where)
     print(f"series {plan.series.name} ({len(plan.series.patches)} patch(es))")
     for name, applied in state.applied.items():
@@ -174,10 +362,13 @@ def cmd_status(args) -> int:
         extra = (
             f" ({f.stage} of {f.stages} diffs)" if f.status == engine.PARTIAL else ""
         )
-        print(f"  {f.path}: {f.status}{extra}")
+        status = f.status
+        if status == engine.MODIFIED and not f.carries_ours:
+            status = "modified, not applied"
+        print(f"  {f.path}: {status}{extra}")
     for o in state.overlay:
         print(f"  {o.path}: {o.status}")
-    for stray in found:
+    for stray in strays:
         rel = transaction._rel(stray.path, plan.tree.root)
         if stray.dead:
             print(
@@ -186,7 +377,29 @@ def cmd_status(args) -> int:
             )
         else:
             print(f"  {rel}: being written by the running process {stray.pid}")
-    print(f"state: {state.summary}")
+    summary = state.summary
+    if summary == engine.MODIFIED and not any(
+        f.carries_ours or f.status == engine.MISSING for f in state.files
+    ):
+        summary = "modified, not applied (apply runs the recipes on it)"
+    print(f"state: {summary}")
+    return OK
+
+
+def _status_by_recipe(found: tree.Tree, state: dict) -> int:
+    pin = pins.load().get(state["base"])
+    print(
+        f"applied by recipe on base {pin.version} (vLLM {state['version']}), "
+        f"{found.shape} at {found.root}"
+    )
+    print(f"patches: {', '.join(state['patches'])} ({live.STATE_FILE})")
+    files = live.file_states(found, state, pin.files)
+    for path, status in files.items():
+        print(f"  {path}: {status}")
+    if all(s in (live.APPLIED, live.APPLIED_MODIFIED) for s in files.values()):
+        print("state: patched by recipe")
+    else:
+        print("state: changed since apply by recipe")
     return OK
 
 
@@ -290,7 +503,9 @@ def cmd_verify_xpu(args) -> int:
 def cmd_audit(args) -> int:
     from . import audit
 
-    found, kernels, reports = audit.audit(args.vllm, dynamic=not args.static)
+    found, kernels, reports = audit.audit(
+        args.vllm, dynamic=not args.static, kernels=args.standins
+    )
     print(
         audit.to_json(found, kernels, reports)
         if args.json
@@ -345,7 +560,23 @@ def main(argv: list[str] | None = None) -> int:
         ("status", cmd_status, "release, series, and what is applied"),
     ):
         sub = verbs.add_parser(name, help=helptext)
-        sub.add_argument("vllm", metavar="VLLM", help="path to the vLLM tree")
+        sub.add_argument(
+            "vllm",
+            metavar="VLLM",
+            nargs="?",
+            help="path to the vLLM tree (default: the vLLM this Python imports)",
+        )
+        sub.add_argument(
+            "--patches",
+            type=lambda text: text.replace(",", " ").split(),
+            metavar="NUMBERS",
+            help='part of the series, e.g. "0001" (dependencies are checked)',
+        )
+        sub.add_argument(
+            "--no-proof",
+            action="store_true",
+            help="recipe path: commit without the proof (no torch here)",
+        )
         sub.set_defaults(func=func, dry_run=name == "check")
 
     sub = verbs.add_parser("fetch", help="download, verify and unpack releases")
@@ -387,6 +618,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_argument("vllm", metavar="VLLM", help="path to the vLLM tree")
     sub.add_argument("--json", action="store_true")
     sub.add_argument("--static", action="store_true", help="skip loading the fakes")
+    sub.add_argument(
+        "--standins",
+        metavar="KERNELS",
+        help="the stand-in kernels (default: the tree's); several joined by ;",
+    )
     sub.set_defaults(func=cmd_audit)
 
     sub = verbs.add_parser("bench", help="eager vs compiled, compile counts, tool time")

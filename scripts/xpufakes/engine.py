@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import history, unidiff
+from . import history, recipes, unidiff
 from .errors import Refusal
 from .pins import Pin
 from .series import Patch, Series, overlay_source
@@ -36,6 +36,7 @@ class FileState:
     stage: int  # how many of the series' diffs of this file are applied
     stages: int  # how many diffs of the series touch this file
     pristine_text: str | None = None  # the pristine content, when known
+    carries_ours: bool = False  # a modified file holding some of our changes
 
 
 @dataclass
@@ -150,7 +151,9 @@ def _file_state(plan: Plan, path: str) -> FileState:
                 PRISTINE if stage == 0 else PATCHED if stage == len(diffs) else PARTIAL
             )
             return FileState(path, status, stage, len(diffs), candidate)
-    return FileState(path, MODIFIED, -1, len(diffs))
+    return FileState(
+        path, MODIFIED, -1, len(diffs), carries_ours=recipes.carries_ours(text)
+    )
 
 
 def _patch_applied(plan: Plan, patch: Patch, state: TreeState) -> bool | None:
@@ -160,6 +163,9 @@ def _patch_applied(plan: Plan, patch: Patch, state: TreeState) -> bool | None:
     by_path = {f.path: f for f in state.files}
     for d in patch.file_diffs:
         f = by_path[d.path]
+        if f.status == MODIFIED and not f.carries_ours:
+            present.append(False)  # modified, but none of ours in it
+            continue
         if f.status in (MODIFIED, MISSING):
             return None
         position = [x for _, x in plan.diffs_of(d.path)].index(d)
@@ -269,42 +275,63 @@ def directories(plan: Plan) -> set[Path]:
     return {d for d in found if d.is_dir()}
 
 
-def refuse_if_modified(plan: Plan, state: TreeState, told: bool = False) -> None:
-    """Refuse a tree that is not the release (or its patched form). told:
-    the release was given (VLLM_VERSION) rather than read from the tree, so
-    a tree none of whose files match is not that release."""
-    differing = [f for f in state.files if f.status in (MODIFIED, MISSING)]
-    if state.files and len(differing) == len(state.files):
-        others = matching_releases(plan.tree, exclude=plan.pin.version)
-        paths = ", ".join(f.path for f in differing)
-        if others:
-            raise Refusal(
-                f"this tree is not vLLM {plan.pin.version}: {paths} match neither "
-                f"that release nor its series; the tree matches vLLM "
-                f"{', '.join(others)}; nothing changed"
-            )
-        if told:
-            raise Refusal(
-                f"{paths} match neither vLLM {plan.pin.version} nor its series, "
-                f"nor any other pinned release: this is not vLLM "
-                f"{plan.pin.version}, or it is locally modified; nothing changed"
-            )
+def refuse_if_modified(plan: Plan, state: TreeState, reverting: bool = False) -> None:
+    """Refuse, naming every offending file, a tree the series cannot take
+    (or, `reverting`, give back: there a missing file, or a modified one
+    holding none of our changes, has nothing of ours to revert)."""
+    problems = []
     for f in state.files:
-        if f.status == MISSING:
-            raise Refusal(
+        if f.status == MISSING and not reverting:
+            problems.append(
                 f"{f.path} is missing; is this really vLLM {plan.pin.version}?"
             )
-        if f.status == MODIFIED:
-            raise Refusal(
+        if f.status == MODIFIED and (f.carries_ours or not reverting):
+            problems.append(
                 f"{f.path} is locally modified (matches neither the pristine "
-                f"vLLM {plan.pin.version} file nor the series); nothing changed"
+                f"vLLM {plan.pin.version} file nor the series)"
             )
     for o in state.overlay:
         if o.status == FOREIGN:
-            raise Refusal(
-                f"{o.path} exists and is not the file this series installs; "
-                "nothing changed"
+            problems.append(f"{o.path} exists and is not the file this series installs")
+    if problems:
+        raise Refusal("; ".join(problems) + "; nothing changed")
+
+
+def changes_to_reach(plan: Plan, state: TreeState, keep: set[str]) -> list[Change]:
+    """The changes that leave exactly the patches in `keep` applied (PATCHES=):
+    each file is its pristine text plus the diffs of the kept patches, the
+    kept patches' overlay files are present, the others' removed. Files that
+    would not change are left alone."""
+    texts = {f.path: f.pristine_text for f in state.files if f.pristine_text}
+    by_path = {f.path: f for f in state.files}
+    for patch in plan.series.patches:
+        if patch.name not in keep:
+            continue
+        for d in patch.file_diffs:
+            try:
+                texts[d.path] = unidiff.apply(texts[d.path], d)
+            except (KeyError, unidiff.DiffError):
+                raise Refusal(
+                    f"{patch.name} does not apply without the patches before it "
+                    f"to {d.path}; nothing changed"
+                ) from None
+    changes = []
+    for path, text in texts.items():
+        data = text.encode("utf-8", errors="surrogateescape")
+        if (
+            by_path[path].status != MISSING
+            and data != (plan.tree.root / path).read_bytes()
+        ):
+            changes.append(Change(plan.tree.root / path, data))
+    for o in state.overlay:
+        wanted = o.patch in keep
+        if wanted and o.status == ABSENT:
+            changes.append(
+                Change(plan.tree.root / o.path, plan.overlay_bytes(o.path), mode=0o644)
             )
+        elif not wanted and o.status == OURS:
+            changes.append(Change(plan.tree.root / o.path, None))
+    return changes
 
 
 def matching_releases(found: Tree, exclude: str = "") -> list[str]:

@@ -43,7 +43,14 @@ def newest_xpu_kernels() -> str:
 def define_standins(kernels: str) -> list:
     """Define stand-in ops for a kernel package release, e.g.
     "vllm-xpu-kernels 0.1.12" or "intel-extension-for-pytorch 2.9.10.post0+xpu".
+    Several, for a tree that calls both families, are separated by ";".
     Returns the libraries; keep them referenced."""
+    if ";" in kernels:
+        return [
+            library
+            for part in kernels.split(";")
+            for library in define_standins(part.strip())
+        ]
     package, _, release = kernels.partition(" ")
     ref = reference()
     if package == "intel-extension-for-pytorch":

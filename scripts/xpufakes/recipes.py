@@ -5,6 +5,7 @@ so the diff context always comes from the official sdists.
 """
 
 import ast
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,10 @@ class Edit:
     target: str
     edit: Callable[[str], str]
     required: bool = True  # False: skip releases that lack the file
+    # On a tree that is not a pinned release's: the edit applies to every file
+    # of vllm/ where its sites are (source text containing all of `anywhere`),
+    # not only to `target`.
+    anywhere: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,10 @@ class Recipe:
     edits: tuple[Edit, ...]
     overlay: tuple[str, ...]
     header: str  # DEP-3 fields; {releases} is replaced by the releases it fits
+    depends: tuple[str, ...] = ()  # patches it needs (X-Depends:), by number
+    # edits run after `edits` on a mixed tree (IPEX era, but some of its code
+    # calls the _xpu_C GEMMs): register those fakes too
+    mixed_edits: tuple[Edit, ...] = ()
 
 
 def _lines(text: str) -> list[str]:
@@ -48,14 +57,6 @@ def _lines(text: str) -> list[str]:
 
 def _statements(text: str) -> list[ast.stmt]:
     return ast.parse(text).body
-
-
-def _first_vllm_import(body: list[ast.stmt]) -> ast.stmt:
-    for node in body:
-        module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
-        if module == "vllm" or module.startswith("vllm."):
-            return node
-    raise RecipeError("no `from vllm... import` at module level")
 
 
 def _is_type_checking_if(node: ast.stmt) -> bool:
@@ -81,104 +82,230 @@ def _xpu_c_gemm_guard(node: ast.stmt) -> str | None:
     return None
 
 
+def _names_used(nodes: list[ast.stmt]) -> set[str]:
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _register_fake_shim(body: list[ast.stmt]) -> ast.stmt | None:
+    """vLLM's `if TYPE_CHECKING: def register_fake ... else: from torch.library
+    import register_fake` statement, wherever it is."""
+    for node in body:
+        if _is_type_checking_if(node) and any(
+            isinstance(n, ast.FunctionDef) and n.name == "register_fake"
+            for n in ast.walk(node)
+        ):
+            return node
+    return None
+
+
+def xpu_gemm_fake_sites(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The module-level statements to remove from vllm/_xpu_ops.py: every
+    `if hasattr(torch.ops._xpu_C, "<gemm>"):` block (wherever it is, in any
+    order, whatever lies between them) and the register_fake shim if nothing
+    else uses it."""
+    blocks = [n for n in body if _xpu_c_gemm_guard(n)]
+    if not blocks:
+        raise RecipeError('no `if hasattr(torch.ops._xpu_C, "<gemm>"):` block')
+    shim = _register_fake_shim(body)
+    rest = [n for n in body if n is not shim and n not in blocks]
+    if shim is not None and "register_fake" not in _names_used(rest):
+        blocks.append(shim)
+    return sorted(blocks, key=lambda n: n.lineno)
+
+
+def _runs(body: list[ast.stmt], chosen: list[ast.stmt]) -> list[tuple[int, int]]:
+    """(first line index, end line) of each run of adjacent chosen statements."""
+    runs: list[tuple[int, int]] = []
+    previous = None
+    for index, node in enumerate(body):
+        if node not in chosen:
+            continue
+        if runs and previous == index - 1:
+            runs[-1] = (runs[-1][0], node.end_lineno)
+        else:
+            runs.append((node.lineno - 1, node.end_lineno))
+        previous = index
+    return runs
+
+
+def _drop_blank_after(lines: list[str], at: int) -> None:
+    """Remove the blank lines at `at` if a blank line precedes them."""
+    if at > 0 and lines[at - 1].strip() == "":
+        while at < len(lines) and lines[at].strip() == "":
+            del lines[at]
+
+
+def _typing_import(body: list[ast.stmt], name: str) -> ast.ImportFrom | None:
+    """The one-line module-level `from typing import ... name ...`."""
+    for node in body:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "typing"
+            and name in [a.name for a in node.names]
+            and node.lineno == node.end_lineno
+        ):
+            return node
+    return None
+
+
+def _drop_typing_name(lines: list[str], body: list[ast.stmt], name: str) -> None:
+    """Remove `name` from its module-level `from typing import ...`; the whole
+    line if it was the only name."""
+    node = _typing_import(body, name)
+    if node is not None:
+        names = [a.name for a in node.names]
+        at = node.lineno - 1
+        if names == [name]:
+            if lines[at - 1] == "\n" and lines[at + 1] == "\n":
+                del lines[at : at + 2]  # it was a group of its own
+            else:
+                del lines[at]
+        else:
+            kept = ", ".join(
+                a.name + (f" as {a.asname}" if a.asname else "")
+                for a in node.names
+                if a.name != name
+            )
+            lines[at] = f"from typing import {kept}\n"
+
+
+XPU_REGISTRATION = (
+    "# torch.compile needs a fake (meta) implementation of each custom op it\n",
+    "# traces. The fakes of the _xpu_C GEMMs are in vllm/_xpu_gemm_fakes.py:\n",
+    "# each reproduces its kernel's output shape, strides and dtype, and is\n",
+    "# registered only if the op has the schema it was written for.\n",
+    "register_xpu_gemm_fakes()\n",
+)
+
+
 def edit_xpu_ops(text: str) -> str:
     """vllm/_xpu_ops.py (0.16.0+): drop the upstream GEMM fakes and the
-    register_fake shim only they use; register the canonical fakes instead."""
+    register_fake shim only they use; register the canonical fakes instead,
+    where the first of them was."""
     body = _statements(text)
     lines = _lines(text)
-    start = next((i for i, n in enumerate(body) if _is_type_checking_if(n)), None)
-    if start is None:
-        raise RecipeError("no `if TYPE_CHECKING:` block")
-    end = start + 1
-    while end < len(body) and _xpu_c_gemm_guard(body[end]):
-        end += 1
-    if end == start + 1:
-        raise RecipeError("no `if hasattr(torch.ops._xpu_C, <gemm>)` blocks")
-    first, last = body[start].lineno - 1, body[end - 1].end_lineno
-    lines[first:last] = [
-        "# torch.compile needs a fake (meta) implementation of each custom op it\n",
-        "# traces. The fakes of the _xpu_C GEMMs are in vllm/_xpu_gemm_fakes.py:\n",
-        "# each reproduces its kernel's output shape, strides and dtype, and is\n",
-        "# registered only if the op has the schema it was written for.\n",
-        "register_xpu_gemm_fakes()\n",
-    ]
-    # imports: drop TYPE_CHECKING, add the fakes module first among vllm's
-    vllm_import = _first_vllm_import(body).lineno - 1
-    lines.insert(
-        vllm_import, "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n"
-    )
-    typing = next(
-        (
-            n
-            for n in body
-            if isinstance(n, ast.ImportFrom)
-            and n.module == "typing"
-            and [a.name for a in n.names] == ["TYPE_CHECKING"]
-        ),
-        None,
-    )
-    if typing is None:
-        raise RecipeError("no `from typing import TYPE_CHECKING` line")
-    at = typing.lineno - 1
-    if lines[at - 1] == "\n" and lines[at + 1] == "\n":
-        del lines[at : at + 2]  # it was a group of its own
-    else:
-        del lines[at]
-    result = "".join(lines)
-    if "TYPE_CHECKING" in result:
-        raise RecipeError("TYPE_CHECKING is used elsewhere; its import must stay")
-    return result
+    removed = xpu_gemm_fake_sites(body)
+    runs = _runs(body, removed)
+    import_line = "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n"
+    import_at = _vllm_import_position(body, "vllm._xpu_gemm_fakes")
+    remaining = [n for n in body if n not in removed]
+    # edits from the bottom up, so that line numbers stay valid
+    edits = [(first, last, i) for i, (first, last) in enumerate(runs)]
+    edits.append((import_at, import_at, "import"))
+    typing = _typing_import(body, "TYPE_CHECKING")
+    if typing is not None and "TYPE_CHECKING" not in _names_used(remaining):
+        edits.append((typing.lineno - 1, typing.lineno - 1, "typing"))
+    for first, last, what in sorted(edits, key=lambda e: e[0], reverse=True):
+        if what == "import":
+            lines.insert(first, import_line)
+        elif what == "typing":
+            _drop_typing_name(lines, body, "TYPE_CHECKING")
+        elif what == 0:
+            lines[first:last] = XPU_REGISTRATION
+        else:
+            del lines[first:last]
+            _drop_blank_after(lines, first)
+    return "".join(lines)
+
+
+def _ipex_import_site(module: ast.Module) -> ast.stmt | None:
+    """The statement after which IPEX's ops exist: the innermost `try:` whose
+    body imports intel_extension_for_pytorch, else that import itself; at
+    module level (also inside module-level `if` / `try` blocks), never inside
+    a function."""
+
+    def imports_ipex(node: ast.stmt) -> bool:
+        return isinstance(node, ast.Import) and any(
+            a.name == "intel_extension_for_pytorch" for a in node.names
+        )
+
+    def search(statements: list[ast.stmt]) -> ast.stmt | None:
+        for node in statements:
+            if imports_ipex(node):
+                return node
+            if isinstance(node, ast.Try):
+                inner = search(node.body)
+                if inner is not None:
+                    return node if inner in node.body else inner
+            if isinstance(node, ast.If):
+                inner = search(node.body) or search(node.orelse)
+                if inner is not None:
+                    return inner
+        return None
+
+    return search(module.body)
+
+
+IPEX_REGISTRATION = (
+    "\n",
+    "# torch.compile needs a fake (meta) implementation of each custom op it\n",
+    "# traces, and IPEX has none for the GEMMs of the quantized linear methods.\n",
+    "# vllm/_xpu_gemm_fakes.py registers exact ones for the ops that exist (the\n",
+    "# XPU builds of IPEX) and have the schema they were written for.\n",
+    "register_ipex_gemm_fakes()\n",
+)
 
 
 def edit_ipex_ops(text: str) -> str:
     """vllm/_ipex_ops.py (0.10.2-0.14.1): register the canonical fakes of the
     torch_ipex GEMMs right after IPEX is imported (the ops exist only then)."""
-    body = _statements(text)
+    module = ast.parse(text)
+    body = module.body
     lines = _lines(text)
-    guard = next(
-        (
-            n
-            for n in body
-            if isinstance(n, ast.Try)
-            and any(
-                isinstance(s, ast.Import)
-                and any(a.name == "intel_extension_for_pytorch" for a in s.names)
-                for s in n.body
-            )
-        ),
-        None,
-    )
-    if guard is None:
-        raise RecipeError("no `try: import intel_extension_for_pytorch` block")
-    lines[guard.end_lineno : guard.end_lineno] = [
-        "\n",
-        "# torch.compile needs a fake (meta) implementation of each custom op it\n",
-        "# traces, and IPEX has none for the GEMMs of the quantized linear methods.\n",
-        "# vllm/_xpu_gemm_fakes.py registers exact ones for the ops that exist (the\n",
-        "# XPU builds of IPEX) and have the schema they were written for.\n",
-        "register_ipex_gemm_fakes()\n",
+    site = _ipex_import_site(module)
+    if site is None:
+        raise RecipeError("no `import intel_extension_for_pytorch` at module level")
+    indent = " " * site.col_offset
+    lines[site.end_lineno : site.end_lineno] = [
+        line if line == "\n" else indent + line for line in IPEX_REGISTRATION
     ]
-    logger_import = next(
-        (
-            n
-            for n in body
-            if isinstance(n, ast.ImportFrom) and n.module == "vllm.logger"
-        ),
-        None,
-    )
-    if logger_import is None or _first_vllm_import(body) is not logger_import:
-        raise RecipeError("`from vllm.logger import` is not the first vllm import")
-    lines.insert(
-        logger_import.lineno - 1,
-        "from vllm._xpu_gemm_fakes import register_ipex_gemm_fakes\n",
+    _insert_vllm_import(
+        lines, body, "from vllm._xpu_gemm_fakes import register_ipex_gemm_fakes\n"
     )
     return "".join(lines)
 
 
-def _insert_vllm_import(lines: list[str], body: list[ast.stmt], line: str) -> None:
-    """Insert `from <module> import ...` among the module-level vllm imports,
-    where isort puts it (they are sorted by module name)."""
-    module = line.split()[1]
+def add_xpu_gemm_registration(text: str) -> str:
+    """vllm/_ipex_ops.py of a mixed tree (IPEX era, but some code calls the
+    _xpu_C GEMMs): after edit_ipex_ops, also register the _xpu_C fakes."""
+    module = ast.parse(text)
+    call = next(
+        (
+            n
+            for n in ast.walk(module)
+            if isinstance(n, ast.Expr)
+            and ast.unparse(n.value) == "register_ipex_gemm_fakes()"
+        ),
+        None,
+    )
+    if call is None:
+        raise RecipeError("no `register_ipex_gemm_fakes()` call")
+    lines = _lines(text)
+    lines.insert(call.end_lineno, " " * call.col_offset + "register_xpu_gemm_fakes()\n")
+    line = "from vllm._xpu_gemm_fakes import register_ipex_gemm_fakes\n"
+    at = lines.index(line)
+    lines[at] = (
+        "from vllm._xpu_gemm_fakes import (\n"
+        "    register_ipex_gemm_fakes,\n"
+        "    register_xpu_gemm_fakes,\n"
+        ")\n"
+    )
+    return "".join(lines)
+
+
+_XPU_C_GEMM_CALL = re.compile(
+    r"torch\.ops\._xpu_C\.(?:" + "|".join(XPU_C_GEMMS) + r")\b"
+)
+
+
+def calls_xpu_c_gemms(text: str) -> bool:
+    """Whether source text calls one of the _xpu_C GEMMs."""
+    return bool(_XPU_C_GEMM_CALL.search(text))
+
+
+def _vllm_import_position(body: list[ast.stmt], module: str) -> int:
+    """The line index where isort puts `from <module> import ...` among the
+    module-level vllm imports (they are sorted by module name)."""
     vllm_imports = [
         n
         for n in body
@@ -189,39 +316,123 @@ def _insert_vllm_import(lines: list[str], body: list[ast.stmt], line: str) -> No
     if not vllm_imports:
         raise RecipeError("no module-level `from vllm... import`")
     later = [n for n in vllm_imports if n.module > module]
-    at = later[0].lineno - 1 if later else vllm_imports[-1].end_lineno
-    lines.insert(at, line)
+    return later[0].lineno - 1 if later else vllm_imports[-1].end_lineno
+
+
+def _insert_vllm_import(lines: list[str], body: list[ast.stmt], line: str) -> None:
+    """Insert `from <module> import ...` among the module-level vllm imports,
+    where isort puts it."""
+    lines.insert(_vllm_import_position(body, line.split()[1]), line)
+
+
+# IPEX's weight-only-quantized linear module classes (their `from_weight`
+# makes the module that vLLM stores on the layer and calls in apply()).
+WOQ_CLASSES = ("IPEXWeightOnlyQuantizedLinear", "WeightOnlyQuantizedLinear")
+
+
+def _woq_creation(value: ast.expr) -> ast.Call | None:
+    """The `<...>.<WOQ class>.from_weight(...)` call in an expression."""
+    for node in ast.walk(value):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "from_weight"
+            and ast.unparse(node.func.value).split(".")[-1] in WOQ_CLASSES
+        ):
+            return node
+    return None
+
+
+def _out_features(function: ast.AST, owner: str, call: ast.Call) -> str:
+    """The expression for the module's output size: `<owner>.ipex_output_size`
+    when the function sets it, else from_weight's out_features argument."""
+    wanted = f"{owner}.ipex_output_size"
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and any(
+            ast.unparse(t) == wanted for t in node.targets
+        ):
+            return wanted
+    value = next((k.value for k in call.keywords if k.arg == "out_features"), None)
+    if value is None and len(call.args) >= 5:
+        value = call.args[4]
+    if value is None:
+        raise RecipeError("from_weight(...) is given no out_features")
+    return ast.unparse(value)
+
+
+def woq_sites(module: ast.Module) -> list[tuple[ast.Assign, str, str]]:
+    """Every place an IPEX WOQ linear module is made and stored on an object
+    (`X.<attr> = <...>.IPEXWeightOnlyQuantizedLinear.from_weight(...)`), in
+    any function: (the assignment, the stored-to expression, the output-size
+    expression)."""
+    sites = []
+    functions = [
+        n
+        for n in ast.walk(module)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    for function in functions:
+        for node in ast.walk(function):
+            if not (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute)
+            ):
+                continue
+            call = _woq_creation(node.value)
+            if call is None:
+                continue
+            owner = ast.unparse(node.targets[0].value)
+            sites.append(
+                (
+                    node,
+                    ast.unparse(node.targets[0]),
+                    _out_features(function, owner, call),
+                )
+            )
+    unique = {id(node): (node, t, o) for node, t, o in sites}  # nested functions
+    return sorted(unique.values(), key=lambda s: s[0].lineno)
+
+
+def woq_wrap_lines(indent: str, module: str, out_features: str) -> list[str]:
+    """What goes right after a WOQ module is made: wrap it in one op."""
+    return [
+        f"{indent}# torch.compile cannot trace IPEX's WOQ forward: run it as one op\n",
+        f"{indent}{module} = opaque_ipex_woq_linear(\n",
+        f"{indent}    {module}, {out_features}\n",
+        f"{indent})\n",
+    ]
 
 
 def edit_woq(text: str) -> str:
-    """ipex_quant.py and kernels/mixed_precision/xpu.py (IPEX era): wrap each
-    IPEX weight-only-quantized linear module, right after it is made, so that
-    torch.compile sees one op instead of IPEX's forward."""
-    body = _statements(text)
+    """ipex_quant.py, kernels/mixed_precision/xpu.py, or any file that makes
+    an IPEX weight-only-quantized linear module (IPEX era): wrap each module,
+    right after it is made, so that torch.compile sees one op instead of
+    IPEX's forward."""
+    module = ast.parse(text)
     lines = _lines(text)
-    sites = [
-        node
-        for node in ast.walk(ast.parse(text))
-        if isinstance(node, ast.Assign)
-        and len(node.targets) == 1
-        and ast.unparse(node.targets[0]) == "layer.ipex_qlinear"
-        and "from_weight" in ast.unparse(node.value)
-    ]
+    sites = woq_sites(module)
     if not sites:
-        raise RecipeError("no `layer.ipex_qlinear = ...from_weight(...)`")
-    for node in sorted(sites, key=lambda n: n.lineno, reverse=True):
-        indent = " " * node.col_offset
-        lines[node.end_lineno : node.end_lineno] = [
-            f"{indent}# torch.compile cannot trace IPEX's WOQ forward: run it as "
-            "one op\n",
-            f"{indent}layer.ipex_qlinear = opaque_ipex_woq_linear(\n",
-            f"{indent}    layer.ipex_qlinear, layer.ipex_output_size\n",
-            f"{indent})\n",
-        ]
+        raise RecipeError(
+            "no `X.<attr> = ...IPEXWeightOnlyQuantizedLinear.from_weight(...)`"
+        )
+    for node, target, out_features in reversed(sites):
+        lines[node.end_lineno : node.end_lineno] = woq_wrap_lines(
+            " " * node.col_offset, target, out_features
+        )
     _insert_vllm_import(
-        lines, body, "from vllm._ipex_woq_linear import opaque_ipex_woq_linear\n"
+        lines, module.body, "from vllm._ipex_woq_linear import opaque_ipex_woq_linear\n"
     )
     return "".join(lines)
+
+
+# Text that only our changes put into a vLLM file.
+MARKERS = ("vllm._xpu_gemm_fakes", "vllm._ipex_woq_linear")
+
+
+def carries_ours(text: str) -> bool:
+    """Whether a file holds any of our changes."""
+    return any(marker in text for marker in MARKERS)
 
 
 WOQ_HEADER = """\
@@ -331,6 +542,8 @@ Description: [XPU] Register fake kernels for the IPEX quantized GEMMs
 OVERLAY = (FAKES_MODULE, TREE_TEST_REFERENCE, TREE_TEST)
 
 WOQ_MODULE = "vllm/_ipex_woq_linear.py"
+# what a file that makes an IPEX WOQ module contains (a cheap pre-filter)
+WOQ_SOURCE_TEXT = ("from_weight", "WeightOnlyQuantizedLinear")
 WOQ_TREE_TEST = "tests/kernels/quantization/test_ipex_woq_linear.py"
 
 # The patches of each era, in series order.
@@ -341,20 +554,30 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
             edits=(Edit("vllm/_ipex_ops.py", edit_ipex_ops),),
             overlay=OVERLAY,
             header=IPEX_HEADER + _COMMON_FIELDS,
+            mixed_edits=(Edit("vllm/_ipex_ops.py", add_xpu_gemm_registration),),
         ),
         Recipe(
             name="0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch",
             edits=(
-                Edit("vllm/model_executor/layers/quantization/ipex_quant.py", edit_woq),
+                Edit(
+                    "vllm/model_executor/layers/quantization/ipex_quant.py",
+                    edit_woq,
+                    anywhere=WOQ_SOURCE_TEXT,
+                ),
                 Edit(
                     "vllm/model_executor/layers/quantization/kernels/"
                     "mixed_precision/xpu.py",
                     edit_woq,
                     required=False,
+                    anywhere=WOQ_SOURCE_TEXT,
                 ),
             ),
             overlay=(WOQ_MODULE, WOQ_TREE_TEST),
             header=WOQ_HEADER + _COMMON_FIELDS,
+            depends=(
+                "0001 (vllm/_ipex_woq_linear.py imports its fake from 0001's "
+                "vllm/_xpu_gemm_fakes.py)",
+            ),
         ),
     ),
     "kernels": (

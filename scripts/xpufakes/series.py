@@ -69,6 +69,11 @@ class Patch:
         return [v.strip() for v in self.fields.get("X-Overlay", [])]
 
     @property
+    def depends(self) -> list[str]:
+        """Patches this one needs: `X-Depends: <number> (<why>)`."""
+        return [v.strip() for v in self.fields.get("X-Depends", [])]
+
+    @property
     def subject(self) -> str:
         return self.field("Subject") or self.field("Description").split("\n")[0]
 

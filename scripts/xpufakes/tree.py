@@ -5,13 +5,15 @@ that holds ``vllm/``, or the ``vllm/`` package directory itself. Paths in
 patches are relative to the directory that holds ``vllm/`` (the *root*).
 """
 
+import importlib.util
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import Refusal
+from .errors import USAGE, Refusal
 
 CHECKOUT, SDIST, SITE_PACKAGES = "git checkout", "sdist", "installed package"
 
@@ -123,3 +125,23 @@ def _metadata_files(root: Path) -> list[Path]:
     found += sorted(root.glob("vllm-*.dist-info/METADATA"))
     found += sorted(root.glob("vllm.egg-info/PKG-INFO"))
     return found
+
+
+def installed() -> Tree:
+    """The vLLM this Python imports (found without importing it)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise Refusal(
+            f"no VLLM= given, and {sys.executable} cannot import vllm; give the "
+            "vLLM tree: VLLM=path",
+            status=USAGE,
+        )
+    return locate(list(spec.submodule_search_locations)[0])
+
+
+def detect_base(found: Tree):
+    """The pinned release the tree is, or is based on: base.Base(version,
+    pin, era, exact, series_fits, reason). See base.py."""
+    from . import base
+
+    return base.detect_base(found)

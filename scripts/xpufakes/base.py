@@ -1,0 +1,221 @@
+"""Which pinned release a vLLM tree is, or is based on.
+
+An exact pinned release (its version, and files that are the release's,
+pristine or patched by its series) takes the release's series unchanged.
+Any other tree gets a *base*: the pinned release its version derives from,
+checked against the files themselves, and one line saying which base was
+assumed and why:
+
+* a dev / local build (``0.10.3.dev0+g01efc7ef7``, ``0.33.0+xpu``): its
+  release if pinned, else the nearest pinned release below it;
+* an untagged git checkout: the nearest ``v<release>`` tag below HEAD
+  (``git describe --tags``), "unreleased, based on v<release>";
+* a plain version newer than every pinned release: unreleased, based on the
+  newest pinned release.
+
+The files decide the era: ``vllm/_xpu_ops.py`` (the vllm-xpu-kernels era)
+or ``vllm/_ipex_ops.py`` importing IPEX and no ``_xpu_ops.py`` (the IPEX
+era). A version whose base is of the other era is moved to the nearest
+pinned release of the files' era. Then, if the tree's files are a pinned
+release's (pristine or patched, sha256), that release's series applies as
+is; otherwise the recipes run on the files as they are (live.py).
+"""
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import engine, pins, recipes, series
+from .errors import Refusal
+from .tree import CHECKOUT, Tree, detect_version
+
+IPEX, KERNELS = "ipex", "kernels"
+
+
+@dataclass(frozen=True)
+class Base:
+    version: str  # what the tree says it is
+    pin: pins.Pin  # the pinned release it is, or is based on
+    era: str  # IPEX or KERNELS
+    exact: bool  # the version is the pinned release itself
+    series_fits: bool  # the files are the pin's (pristine or patched)
+    reason: str  # one line: which base was assumed, and why
+
+    @property
+    def by_recipe(self) -> bool:
+        """Whether the recipes must run on the live files."""
+        return not self.series_fits
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
+
+
+_VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(.*)$")
+
+
+def _split(version: str) -> tuple[tuple[int, ...], str]:
+    match = _VERSION.match(version)
+    if not match:
+        raise Refusal(f"cannot read vLLM version {version!r}; set VLLM_VERSION")
+    return version_tuple(match.group(1)), match.group(2)
+
+
+def files_era(root: Path) -> tuple[str | None, str]:
+    """(era, why) from the files: which of the XPU op modules exist, and
+    what they contain."""
+    xpu_ops = root / "vllm" / "_xpu_ops.py"
+    ipex_ops = root / "vllm" / "_ipex_ops.py"
+    if xpu_ops.is_file():
+        return KERNELS, "vllm/_xpu_ops.py exists"
+    if ipex_ops.is_file() and "intel_extension_for_pytorch" in ipex_ops.read_text(
+        errors="replace"
+    ):
+        return IPEX, "vllm/_ipex_ops.py imports IPEX, no vllm/_xpu_ops.py"
+    return None, "neither vllm/_xpu_ops.py nor an IPEX-importing vllm/_ipex_ops.py"
+
+
+def git_describe(root: Path) -> tuple[str, int] | None:
+    """(nearest v<release> tag below HEAD, commits since it), or None."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "describe", "--tags", "--long", "--match", "v*"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.fullmatch(r"(.+)-(\d+)-g[0-9a-f]+", out.stdout.strip())
+    if out.returncode != 0 or not match:
+        return None
+    return match.group(1).removeprefix("v"), int(match.group(2))
+
+
+def _reported_version(found: Tree) -> tuple[str, str, int | None]:
+    """(version, where it was read, commits since the tag or None)."""
+    try:
+        version, source = detect_version(found)
+        return version, source, None
+    except Refusal:
+        described = git_describe(found.root) if found.shape == CHECKOUT else None
+        if described is None:
+            raise
+        return described[0], "git describe --tags", described[1]
+
+
+def _nearest(candidates: list[pins.Pin], release: tuple[int, ...]) -> pins.Pin:
+    """The newest candidate not above `release`, else the oldest."""
+    below = [p for p in candidates if version_tuple(p.version) <= release]
+    return below[-1] if below else candidates[0]
+
+
+def _series_fits(found: Tree, pin: pins.Pin) -> bool:
+    """Whether the target files are the pin's, pristine or patched (what
+    sits at the overlay paths is the series path's to judge)."""
+    return _differing(found, pin) == []
+
+
+def _differing(found: Tree, pin: pins.Pin) -> list[str]:
+    plan = engine.Plan(found, pin, series.load(pin.series))
+    state = engine.inspect(plan)
+    return [
+        f.path for f in state.files if f.status in (engine.MODIFIED, engine.MISSING)
+    ]
+
+
+def _refuse_other_release(found: Tree, pin: pins.Pin) -> None:
+    """A tree that says it is one pinned release while none of its target
+    files is that release's and they are another's (a wrong VLLM_VERSION, a
+    stale version file) is refused, not taken by recipe as a modified
+    release."""
+    differing = _differing(found, pin)
+    if len(differing) < len(series.load(pin.series).targets):
+        return  # some are the release's: a modified release
+    others = engine.matching_releases(found, exclude=pin.version)
+    if others:
+        raise Refusal(
+            f"this tree is not vLLM {pin.version}: {', '.join(differing)} match "
+            f"neither that release nor its series; the tree matches vLLM "
+            f"{', '.join(others)}; nothing changed"
+        )
+
+
+def detect_base(found: Tree) -> Base:
+    all_pins = pins.load()
+    version, source, distance = _reported_version(found)
+    pin = all_pins.releases.get(version)
+    if pin is not None and distance is None:
+        fits = _series_fits(found, pin)
+        if not fits:
+            _refuse_other_release(found, pin)
+        why = "" if fits else "; its files are modified: applying by recipe"
+        return Base(
+            version,
+            pin,
+            pin.series.split("-")[0],
+            True,
+            fits,
+            f"vLLM {version} ({source}){why}",
+        )
+    if version in all_pins.not_needed:
+        all_pins.get(version)  # refuses: needs no patch
+    release, suffix = _split(version)
+    ordered = sorted(all_pins.releases.values(), key=lambda p: version_tuple(p.version))
+    newest = version_tuple(ordered[-1].version)
+    if not suffix and distance is None and release <= newest:
+        all_pins.get(version)  # a release in the pinned range we do not pin
+    if recipes.era_of(release) is None:
+        raise Refusal(
+            f"vLLM {version} ({source}) is older than 0.10.2: "
+            + next(iter(all_pins.not_needed.values()), "it needs no patch")
+        )
+    era, era_why = files_era(found.root)
+    if era is None:
+        raise Refusal(f"{found.root}: cannot tell the XPU era: {era_why}")
+    exact = all_pins.releases.get(".".join(map(str, release)))
+    if distance is not None:
+        kind = f"unreleased ({distance} commit(s) after v{version})"
+    elif suffix:
+        kind = "a dev/local build"
+    else:
+        kind = "unreleased (newer than every pinned release)"
+    candidate = exact or _nearest(ordered, release)
+    how = "its release" if exact else "the nearest pinned release below it"
+    if candidate.series.split("-")[0] != era:
+        candidate = _nearest(
+            [p for p in ordered if p.series.startswith(era + "-")], release
+        )
+        how = f"the nearest pinned {era}-era release ({era_why})"
+    # the files' fingerprints: a pinned release of the era whose files these are
+    same_era = sorted(
+        (p for p in ordered if p.series.startswith(era + "-")),
+        key=lambda p: (
+            p is not candidate,
+            abs(ordered.index(p) - ordered.index(candidate)),
+        ),
+    )
+    for pin in same_era:
+        if _series_fits(found, pin):
+            if pin is not candidate:
+                how = "the pinned release whose files these are (sha256)"
+            return Base(
+                version,
+                pin,
+                era,
+                False,
+                True,
+                f"vLLM {version} ({source}) is {kind}: assuming base "
+                f"{pin.version}, {how}; its files are {pin.version}'s",
+            )
+    return Base(
+        version,
+        candidate,
+        era,
+        False,
+        False,
+        f"vLLM {version} ({source}) is {kind}: assuming base "
+        f"{candidate.version}, {how}; its files differ from every pinned "
+        "release's: applying by recipe",
+    )
