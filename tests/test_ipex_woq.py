@@ -126,7 +126,7 @@ def test_woq_op_fake_matches_every_format(ipex_release):
             try:
                 torch.library.opcheck(
                     torch.ops.vllm.ipex_woq_linear.default,
-                    (x, op.handle, n),
+                    (x, op.key, n),
                     test_utils=("test_faketensor", "test_aot_dispatch_dynamic"),
                 )
             except Exception as e:  # noqa: BLE001 - collected
@@ -171,11 +171,11 @@ def test_a_wrong_woq_fake_is_caught(ipex_release):
     op = woq.opaque_ipex_woq_linear(module, 64)
     torch.library.register_fake(  # this process only (forked)
         "vllm::ipex_woq_linear",
-        lambda x, handle, n: x.new_empty((*x.shape[:-1], n), dtype=torch.float32),
+        lambda x, key, n: x.new_empty((*x.shape[:-1], n), dtype=torch.float32),
     )
     with pytest.raises(Exception, match="test_faketensor"):
         torch.library.opcheck(
             torch.ops.vllm.ipex_woq_linear.default,
-            (torch.randn(3, 128, dtype=torch.float16), op.handle, 64),
+            (torch.randn(3, 128, dtype=torch.float16), op.key, 64),
             test_utils=("test_faketensor",),
         )

@@ -269,6 +269,16 @@ def _insert_vllm_import(lines: list[str], body: list[ast.stmt], line: str) -> No
     lines.insert(at, line)
 
 
+def _woq_wrap_lines(indent: str) -> list[str]:
+    """What edit_woq inserts after `layer.ipex_qlinear = ...from_weight(...)`."""
+    return [
+        f"{indent}# torch.compile cannot trace IPEX's WOQ forward: run it as one op\n",
+        f"{indent}layer.ipex_qlinear = opaque_ipex_woq_linear(\n",
+        f"{indent}    layer.ipex_qlinear, layer.ipex_output_size\n",
+        f"{indent})\n",
+    ]
+
+
 def edit_woq(text: str) -> str:
     """ipex_quant.py and kernels/mixed_precision/xpu.py (IPEX era): wrap each
     IPEX weight-only-quantized linear module, right after it is made, so that
@@ -287,13 +297,7 @@ def edit_woq(text: str) -> str:
         raise RecipeError("no `layer.ipex_qlinear = ...from_weight(...)`")
     for node in sorted(sites, key=lambda n: n.lineno, reverse=True):
         indent = " " * node.col_offset
-        lines[node.end_lineno : node.end_lineno] = [
-            f"{indent}# torch.compile cannot trace IPEX's WOQ forward: run it as "
-            "one op\n",
-            f"{indent}layer.ipex_qlinear = opaque_ipex_woq_linear(\n",
-            f"{indent}    layer.ipex_qlinear, layer.ipex_output_size\n",
-            f"{indent})\n",
-        ]
+        lines[node.end_lineno : node.end_lineno] = _woq_wrap_lines(indent)
     _insert_vllm_import(
         lines, body, "from vllm._ipex_woq_linear import opaque_ipex_woq_linear\n"
     )
@@ -314,10 +318,17 @@ Description: [XPU] Run IPEX's weight-only-quantized linear as one opaque op
  .
  This wraps each module, right after it is made, in
  vllm/_ipex_woq_linear.py's IPEXWoqLinearOp: calling it runs the module
- through one custom op, vllm::ipex_woq_linear, whose fake returns what
- every int4 branch of that forward returns (a new contiguous
- x.shape[:-1] + (out_features,) tensor with x's dtype and device;
- vllm/_xpu_gemm_fakes.py). apply() is unchanged.
+ through one custom op, vllm::ipex_woq_linear (registered with
+ direct_register_custom_op), whose fake returns what every int4 branch of
+ that forward returns (a new contiguous x.shape[:-1] + (out_features,)
+ tensor with x's dtype and device; vllm/_xpu_gemm_fakes.py). apply() is
+ unchanged.
+ .
+ The op finds its module through a one-element buffer of the wrapper,
+ passed as a tensor argument, whose value keys a registry of weak
+ references: the layer owns its module (freed with it), and a traced graph
+ holds no module number, only the layer's buffer, so a graph reused from
+ the compile cache or for a second model calls that model's modules.
  .
  tests/kernels/quantization/test_ipex_woq_linear.py runs opcheck on the op
  for the weight formats the AWQ and GPTQ paths produce (oneDNN and XeTLA

@@ -115,7 +115,7 @@ def test_woq_linear_op_fake_matches_module(case):
     torch.testing.assert_close(op(x), module(x))
     opcheck(
         torch.ops.vllm.ipex_woq_linear.default,
-        (x, op.handle, N),
+        (x, op.key, N),
         test_utils=TEST_UTILS,
     )
 
