@@ -305,7 +305,9 @@ def fp8_gemm_out_fake(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     # The kernel writes into ``out`` and returns ``out`` itself, although the
-    # schema declares a plain ``Tensor`` return; so does the fake.
+    # schema declares a plain ``Tensor`` return; so does the fake: a fake must
+    # alias what the kernel aliases (opcheck's test_faketensor compares them).
+    # The schema is the kernel's to fix (``-> Tensor(a!)``).
     return _fp8_gemm_common(A, B, out_dtype, A_scale, B_scale, bias, out)
 
 
