@@ -127,7 +127,11 @@ def test_woq_op_fake_matches_every_format(ipex_release):
                 torch.library.opcheck(
                     torch.ops.vllm.ipex_woq_linear.default,
                     (x, op.key, n),
-                    test_utils=("test_faketensor", "test_aot_dispatch_dynamic"),
+                    test_utils=(
+                        "test_faketensor",
+                        "test_aot_dispatch_dynamic",
+                        "test_schema",
+                    ),
                 )
             except Exception as e:  # noqa: BLE001 - collected
                 failures[case] = str(e).splitlines()[0]
