@@ -12,7 +12,6 @@ Python, which `make test` sets up.
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -80,16 +79,7 @@ def test_vllm_apply_reaches_the_woq_ops_and_compiles_only_patched(
 
 
 def _load(release: str):
-    sys.dont_write_bytecode = True
-    tree = releases.patched(release)
-    libraries = [loading.reference().define_torch_ipex_woq_kernels()]
-    libraries += standins.define_standins(release)
-    standins.import_vllm_module(tree, release)
-    sys.path.insert(0, str(tree))
-    import vllm._ipex_woq_linear as woq
-
-    assert Path(woq.__file__).is_relative_to(tree)
-    return libraries, woq
+    return standins.import_ipex_woq_linear(releases.patched(release), release)
 
 
 @pytest.mark.forked

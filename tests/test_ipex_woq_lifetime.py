@@ -13,9 +13,7 @@ with the reference torch_ipex WOQ kernels.
 """
 
 import gc
-import sys
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,16 +28,7 @@ K, N, GROUP = 128, 64, 32
 
 
 def _load(release: str):
-    sys.dont_write_bytecode = True
-    tree = releases.patched(release)
-    libraries = [loading.reference().define_torch_ipex_woq_kernels()]
-    libraries += standins.define_standins(release)
-    standins.import_vllm_module(tree, release)
-    sys.path.insert(0, str(tree))
-    import vllm._ipex_woq_linear as woq
-
-    assert Path(woq.__file__).is_relative_to(tree)
-    return libraries, woq
+    return standins.import_ipex_woq_linear(releases.patched(release), release)
 
 
 def _module(seed: int, k: int = K, n: int = N):

@@ -384,8 +384,10 @@ Description: [XPU] Use exact fake kernels for the _xpu_C quantized GEMMs
  fp8_bmm's.
  .
  tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
- (test_faketensor, test_aot_dispatch_dynamic) on each op, against the real
- kernels on an XPU host and against CPU reference kernels elsewhere.
+ (test_faketensor, test_aot_dispatch_dynamic; on the kernels themselves
+ test_schema and test_autograd_registration, where they can run) on each
+ op, against the real kernels on an XPU host and against CPU reference
+ kernels elsewhere.
  .
  Upstream status: not submitted yet. The fakes replaced here were added by
  https://github.com/vllm-project/vllm/pull/39984 (fp8_gemm) and
@@ -413,8 +415,10 @@ Description: [XPU] Register fake kernels for the IPEX quantized GEMMs
  has the schema the fake was written for; otherwise a warning is logged.
  .
  tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
- (test_faketensor, test_aot_dispatch_dynamic) on each op, against the real
- kernels on an XPU host and against CPU reference kernels elsewhere.
+ (test_faketensor, test_aot_dispatch_dynamic; on the kernels themselves
+ test_schema and test_autograd_registration, where they can run) on each
+ op, against the real kernels on an XPU host and against CPU reference
+ kernels elsewhere.
  .
  Upstream status: not submitted yet; IPEX-based XPU support was replaced by
  vllm-xpu-kernels in vLLM 0.16.0, so this is for the 0.10.2-0.14.1 releases.
