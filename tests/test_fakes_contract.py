@@ -544,3 +544,61 @@ def test_the_grid_catches_a_wrong_fake(op, wrong, expected):
     matching = [case for case in failed if re.fullmatch(expected, case)]
     assert matching, failed
     assert all("test_faketensor" in failed[c] for c in matching)
+
+
+# ---------------------------------------------------------------------------
+# The grid also checks the kernels' registration (test_schema,
+# test_autograd_registration), and those checks can fail
+# ---------------------------------------------------------------------------
+
+
+def _override_standin(name: str, kernel) -> torch.library.Library:
+    lib = torch.library.Library("_xpu_C", "IMPL")
+    lib.impl(name, kernel, "CPU")
+    return lib
+
+
+def test_the_grid_runs_the_kernel_checks_and_they_can_fail():
+    libraries, _ = _setup()  # noqa: F841
+    chosen = [c for c in grid.cases() if c.name == "int4_gemm_w4a16"]
+    assert chosen and grid.failures(grid.run(chosen)) == {}
+    assert all("test_schema" in c.kernel_checks() for c in chosen)
+    kernels = ref.make_xpu_c_kernels(ref._Release(ref.parse_version("0.1.15.4")))
+    # a stand-in that records autograd history below the autograd key
+    lib = _override_standin("int4_gemm_w4a16", kernels["int4_gemm_w4a16"])
+    failed = grid.failures(grid.run(chosen))
+    assert set(failed) == {c.id for c in chosen}, failed
+    assert all("test_autograd_registration" in v for v in failed.values()), failed
+    # a stand-in that writes into its input A, which the schema does not allow
+    reference = ref.as_backend_kernel(kernels["int4_gemm_w4a16"])
+
+    def mutating(A, *args):
+        A.add_(1)
+        return reference(A, *args)
+
+    lib = _override_standin("int4_gemm_w4a16", mutating)  # noqa: F841
+    failed = grid.failures(grid.run(chosen))
+    assert set(failed) == {c.id for c in chosen}, failed
+    assert all("test_schema" in v for v in failed.values()), failed
+
+
+def test_the_kernel_checks_skipped_are_the_ones_that_cannot_run():
+    """test_schema on fp4 inputs and on fp8_gemm_out fails for reasons that
+    are not the fake's: SCHEMA_CHECK_SKIPPED says which, and this shows it."""
+    libraries, _ = _setup()  # noqa: F841
+    from unittest.mock import patch
+
+    for name, expected in (
+        ("fp4_gemm", "Float4_e2m1fn_x2"),
+        ("fp8_gemm_out", "Argument out is not defined to alias output"),
+    ):
+        assert name in ref.SCHEMA_CHECK_SKIPPED
+        case = next(c for c in grid.cases() if c.name == name)
+        assert "test_schema" not in case.kernel_checks()
+        with (
+            patch("torch.allclose", new=ref.fp8_allclose),
+            pytest.raises(Exception, match=expected),
+        ):
+            torch.library.opcheck(
+                case.op(), case.args("cpu"), test_utils=("test_schema",)
+            )

@@ -12,7 +12,6 @@ Python, which `make test` sets up.
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -80,16 +79,7 @@ def test_vllm_apply_reaches_the_woq_ops_and_compiles_only_patched(
 
 
 def _load(release: str):
-    sys.dont_write_bytecode = True
-    tree = releases.patched(release)
-    libraries = [loading.reference().define_torch_ipex_woq_kernels()]
-    libraries += standins.define_standins(release)
-    standins.import_vllm_module(tree, release)
-    sys.path.insert(0, str(tree))
-    import vllm._ipex_woq_linear as woq
-
-    assert Path(woq.__file__).is_relative_to(tree)
-    return libraries, woq
+    return standins.import_ipex_woq_linear(releases.patched(release), release)
 
 
 @pytest.mark.forked
@@ -126,8 +116,12 @@ def test_woq_op_fake_matches_every_format(ipex_release):
             try:
                 torch.library.opcheck(
                     torch.ops.vllm.ipex_woq_linear.default,
-                    (x, op.handle, n),
-                    test_utils=("test_faketensor", "test_aot_dispatch_dynamic"),
+                    (x, op.key, n),
+                    test_utils=(
+                        "test_faketensor",
+                        "test_aot_dispatch_dynamic",
+                        "test_schema",
+                    ),
                 )
             except Exception as e:  # noqa: BLE001 - collected
                 failures[case] = str(e).splitlines()[0]
@@ -171,11 +165,11 @@ def test_a_wrong_woq_fake_is_caught(ipex_release):
     op = woq.opaque_ipex_woq_linear(module, 64)
     torch.library.register_fake(  # this process only (forked)
         "vllm::ipex_woq_linear",
-        lambda x, handle, n: x.new_empty((*x.shape[:-1], n), dtype=torch.float32),
+        lambda x, key, n: x.new_empty((*x.shape[:-1], n), dtype=torch.float32),
     )
     with pytest.raises(Exception, match="test_faketensor"):
         torch.library.opcheck(
             torch.ops.vllm.ipex_woq_linear.default,
-            (torch.randn(3, 128, dtype=torch.float16), op.handle, 64),
+            (torch.randn(3, 128, dtype=torch.float16), op.key, 64),
             test_utils=("test_faketensor",),
         )

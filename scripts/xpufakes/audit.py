@@ -12,7 +12,9 @@ function or method that wraps one (e.g. `ops.fp8_gemm_w8a16(...)` through
   default under Inductor, where vLLM uses `forward_native`);
 * opaque -- inside a function vLLM registers as its own custom op
   (`direct_register_custom_op(op_func=...)`, `@custom_op`): Dynamo sees the
-  wrapper op, not the body;
+  wrapper op, not the body; also code that such an op runs through a layer
+  it looks up at run time (OPAQUE_REGIONS: fused-MoE code inside
+  `vllm::moe_forward`), reported "via" that op;
 * not traced -- weight loading and set-up (`process_weights_after_loading`,
   `create_weights`, `__init__`, weight loaders, module level).
 
@@ -21,7 +23,10 @@ process against the stand-in kernels (`verify-xpu --standins`), which says
 for each GEMM whether a fake is registered and whether it passes the opcheck
 grid. Ops without a reference kernel are reported by whether the tree
 registers a fake for them at all (`register_fake("<ns>::<op>")`); ops whose
-schema is not in data/op_schemas.toml are reported as unknown.
+schema is not in data/op_schemas.toml are reported as unknown. vLLM's own ops
+that return a GEMM's output unchanged (WRAPPER_OPS) are found and checked
+like the GEMMs; calls into other op namespaces from XPU code (a file or
+function that names XPU) are reported as "unknown namespace".
 """
 
 import ast
@@ -39,6 +44,22 @@ from . import isolated, pins, tree
 from .errors import Refusal
 
 NAMESPACES = ("_xpu_C", "torch_ipex")
+# vLLM's own ops that return one of the XPU GEMMs' outputs unchanged: their
+# fake is the one traced, and verify-xpu checks it against the GEMM's
+# stand-in (verify.WRAPPER_OPS).
+WRAPPER_OPS = {"vllm::xpu_fp8_bmm": "_xpu_C::fp8_bmm"}
+# Namespaces that are not XPU kernels' and not reported: torch's own.
+_TORCH_NAMESPACES = ("aten", "prims", "higher_order", "quantized", "vllm")
+# vLLM ops whose implementation runs code the static scan cannot follow
+# (it looks the layer up at run time): when the tree registers the op, code
+# in these modules, and methods of classes with these bases, run inside it.
+OPAQUE_REGIONS = {
+    "moe_forward": (
+        ("vllm.model_executor.layers.fused_moe.",),
+        ("FusedMoEMethodBase", "FusedMoEPermuteExpertsUnpermute", "FusedMoEExperts"),
+    ),
+}
+UNKNOWN_NAMESPACE = "unknown namespace"
 # IPEX's weight-only-quantized linear module, called as layer.ipex_qlinear(x)
 # by the IPEX era's AWQ / GPTQ / wNa16 methods. Its forward reaches
 # torch_ipex ops registered as CompositeImplicitAutograd kernels, which
@@ -100,6 +121,8 @@ class OpReport:
             s.context in (TRACED, IF_ENABLED) for s in self.sites
         ):
             return "not traced"
+        if self.op.split("::")[0] not in NAMESPACES and self.op not in WRAPPER_OPS:
+            return UNKNOWN_NAMESPACE
         if self.returns_tensor is None:
             return "unknown schema"
         if not self.returns_tensor:
@@ -165,9 +188,11 @@ def _op_of(node: ast.expr) -> str | None:
         return None
     parts.append(node.id)
     parts.reverse()
-    if parts[:2] != ["torch", "ops"] or len(parts) < 4 or parts[2] not in NAMESPACES:
+    if parts[:2] != ["torch", "ops"] or len(parts) < 4:
         return None
     op = f"{parts[2]}::{parts[3]}"
+    if parts[2] in _TORCH_NAMESPACES and op not in WRAPPER_OPS:
+        return None
     if len(parts) == 5 and parts[4] != "default":
         op += f".{parts[4]}"
     return op
@@ -196,9 +221,14 @@ class _ModuleScan(ast.NodeVisitor):
         self.opaque_names: set[str] = set()
         self.fakes_declared: set[str] = set()
         self.wraps_ipex_woq = False
+        self.bases: dict[str, list[str]] = {}  # class qualname -> base names
 
     def _where(self) -> str:
         return ".".join(self.stack) or "<module>"
+
+    def _xpu_code(self) -> bool:
+        """Code for XPU: its file or function (or class) names XPU."""
+        return "xpu" in f"{self.path} {'.'.join(self.stack)}".lower()
 
     def visit_Import(self, node):
         for alias in node.names:
@@ -215,6 +245,7 @@ class _ModuleScan(ast.NodeVisitor):
     def visit_ClassDef(self, node):
         self.stack.append(node.name)
         self.class_bases.append([ast.unparse(b) for b in node.bases])
+        self.bases[".".join(self.stack)] = self.class_bases[-1]
         self.generic_visit(node)
         self.class_bases.pop()
         self.stack.pop()
@@ -244,7 +275,9 @@ class _ModuleScan(ast.NodeVisitor):
         op = _op_of(node.func)
         func = _dotted(node.func)
         if op:
-            self.op_calls.append((op, node.lineno, self._where()))
+            # another namespace counts in XPU code only
+            if op.split("::")[0] in NAMESPACES or op in WRAPPER_OPS or self._xpu_code():
+                self.op_calls.append((op, node.lineno, self._where()))
         elif func.endswith(".ipex_qlinear"):
             self.op_calls.append((IPEX_WOQ, node.lineno, self._where()))
         else:
@@ -254,6 +287,10 @@ class _ModuleScan(ast.NodeVisitor):
         if func.endswith("direct_register_custom_op") or func.endswith(
             "register_custom_op"
         ):
+            names = {k.arg: k.value for k in node.keywords}
+            op_name = names.get("op_name")
+            if "fake_impl" in names and isinstance(op_name, ast.Constant):
+                self.fakes_declared.add(f"vllm::{op_name.value}")
             for keyword in node.keywords:
                 if keyword.arg in ("op_func", "fake_impl") and isinstance(
                     keyword.value, ast.Name
@@ -266,6 +303,25 @@ class _ModuleScan(ast.NodeVisitor):
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     self.fakes_declared.add(arg.value)
         self.generic_visit(node)
+
+
+def _inside_opaque_op(
+    scan: _ModuleScan, function: str, registered: set[str]
+) -> str | None:
+    """The vLLM op (OPAQUE_REGIONS) whose implementation runs `function`, if
+    the tree registers that op and the function is in its region."""
+    parts = function.split(".")
+    bases = [
+        b.rsplit(".", 1)[-1]
+        for i in range(1, len(parts))
+        for b in scan.bases.get(".".join(parts[:i]), [])
+    ]
+    for op, (modules, classes) in OPAQUE_REGIONS.items():
+        if op not in registered:
+            continue
+        if scan.module.startswith(modules) or any(b.startswith(classes) for b in bases):
+            return f"vllm::{op}"
+    return None
 
 
 def _context(scan: _ModuleScan, function: str) -> str:
@@ -329,13 +385,24 @@ def scan_tree(root: Path) -> tuple[dict[str, list[CallSite]], set[str]]:
             if any(name in text for name in names):
                 scan(path)
 
+    # vLLM ops the tree registers (OPAQUE_REGIONS), found in any module
+    registered = {
+        name
+        for text in texts.values()
+        if "direct_register_custom_op" in text
+        for name in re.findall(r"""op_name\s*=\s*["'](\w+)["']""", text)
+    }
     sites: dict[str, list[CallSite]] = {}
     helpers: dict[tuple[str, str], set[str]] = {}  # (module, qualname) -> ops
     for scan in scans.values():
         for op, line, function in scan.op_calls:
             context = _context(scan, function)
+            inside = ""
+            if context in (TRACED, IF_ENABLED):
+                inside = _inside_opaque_op(scan, function, registered) or ""
+                context = OPAQUE if inside else context
             sites.setdefault(op, []).append(
-                CallSite(scan.path, line, function, context, module=scan.module)
+                CallSite(scan.path, line, function, context, inside, scan.module)
             )
             if context in (TRACED, IF_ENABLED) and function != "<module>":
                 helpers.setdefault((scan.module, function), set()).add(op)
@@ -363,6 +430,10 @@ def scan_tree(root: Path) -> tuple[dict[str, list[CallSite]], set[str]]:
                     continue
                 seen.add(key)
                 context = _context(scan, function)
+                if context in (TRACED, IF_ENABLED) and _inside_opaque_op(
+                    scan, function, registered
+                ):
+                    context = OPAQUE
                 via = f"{target[0]}.{target[1]}"
                 for op in helpers[target]:
                     sites.setdefault(op, []).append(

@@ -6,6 +6,8 @@ registrations are process-global) and by the tests.
 """
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import re
 import sys
@@ -75,6 +77,32 @@ def stub_xpu_kernel_package() -> None:
             setattr(module, function, _unavailable(function))
         sys.modules[module.__name__] = module
         setattr(package, name, module)
+
+
+class _CompiledExtensionStubs(importlib.abc.MetaPathFinder):
+    """Empty modules for vLLM's compiled extensions (vllm._C, vllm._moe_C,
+    ...), which a source tree does not have; consulted after every other
+    finder, so a built extension is used when there is one."""
+
+    NAME = re.compile(r"vllm\._(\w+_)?C")
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not self.NAME.fullmatch(fullname):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec):
+        return types.ModuleType(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+def stub_vllm_extensions() -> None:
+    """Let a tree import vllm._C and the like at module level (a downstream
+    tree's _xpu_ops.py does): the GEMM fakes never use them."""
+    if not any(isinstance(f, _CompiledExtensionStubs) for f in sys.meta_path):
+        sys.meta_path.append(_CompiledExtensionStubs())
 
 
 def _unavailable(name: str):

@@ -246,6 +246,82 @@ IPEX_REGISTRATION = (
 )
 
 
+# vLLM's own custom ops (in vllm/_xpu_ops.py) that return the output of one
+# of the _xpu_C GEMMs unchanged: their fake must be that GEMM's. fake function
+# -> (implementation function, the GEMM, the canonical fake to delegate to).
+XPU_C_GEMM_WRAPPERS = {
+    "_xpu_fp8_bmm_fake": ("_xpu_fp8_bmm_impl", "fp8_bmm", "fp8_bmm_fake"),
+}
+
+
+def _returns_gemm_unchanged(impl: ast.FunctionDef, gemm: str) -> bool:
+    """Whether impl's only statement (after its docstring) is
+    `return torch.ops._xpu_C.<gemm>(<its own parameters, in order>)`."""
+    body = impl.body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+    ):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Return):
+        return False
+    call = body[0].value
+    params = [a.arg for a in impl.args.args]
+    return (
+        isinstance(call, ast.Call)
+        and ast.unparse(call.func) == f"torch.ops._xpu_C.{gemm}"
+        and not call.keywords
+        and [ast.unparse(a) for a in call.args] == params
+    )
+
+
+def edit_xpu_gemm_wrapper_fakes(text: str) -> str:
+    """vllm/_xpu_ops.py (0.27.0+): the fake of each vLLM op that returns a
+    _xpu_C GEMM's output unchanged (vllm::xpu_fp8_bmm) becomes that GEMM's
+    canonical fake. Releases without such a wrapper are left as they are."""
+    body = _statements(text)
+    functions = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
+    lines = _lines(text)
+    used = []
+    for fake_name, (impl_name, gemm, canonical) in XPU_C_GEMM_WRAPPERS.items():
+        fake = functions.get(fake_name)
+        if fake is None:
+            continue
+        impl = functions.get(impl_name)
+        if impl is None or not _returns_gemm_unchanged(impl, gemm):
+            raise RecipeError(
+                f"{impl_name} no longer returns torch.ops._xpu_C.{gemm}(...) "
+                f"unchanged; {fake_name} needs a new look"
+            )
+        params = [a.arg for a in fake.args.args]
+        if params != [a.arg for a in impl.args.args]:
+            raise RecipeError(f"{fake_name} and {impl_name} differ in parameters")
+        indent = " " * fake.body[0].col_offset
+        lines[fake.returns.end_lineno : fake.end_lineno] = [
+            f"{indent}# The op returns torch.ops._xpu_C.{gemm}'s output as it is,"
+            " so its\n",
+            f"{indent}# fake is that kernel's (whose output follows the input's"
+            " strides).\n",
+            f"{indent}return {canonical}({', '.join(params)})\n",
+        ]
+        used.append(canonical)
+    if not used:
+        return text
+    result = "".join(lines)
+    old = "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n"
+    if old not in result:
+        raise RecipeError("no `from vllm._xpu_gemm_fakes import` line")
+    names = ", ".join(sorted([*used, "register_xpu_gemm_fakes"]))
+    return result.replace(old, f"from vllm._xpu_gemm_fakes import {names}\n", 1)
+
+
+def edit_xpu_ops_and_wrappers(text: str) -> str:
+    """vllm/_xpu_ops.py: the canonical GEMM fakes, and the same fakes for
+    vLLM's ops that wrap the GEMMs."""
+    return edit_xpu_gemm_wrapper_fakes(edit_xpu_ops(text))
+
+
 def edit_ipex_ops(text: str) -> str:
     """vllm/_ipex_ops.py (0.10.2-0.14.1): register the canonical fakes of the
     torch_ipex GEMMs right after IPEX is imported (the ops exist only then)."""
@@ -449,10 +525,17 @@ Description: [XPU] Run IPEX's weight-only-quantized linear as one opaque op
  .
  This wraps each module, right after it is made, in
  vllm/_ipex_woq_linear.py's IPEXWoqLinearOp: calling it runs the module
- through one custom op, vllm::ipex_woq_linear, whose fake returns what
- every int4 branch of that forward returns (a new contiguous
- x.shape[:-1] + (out_features,) tensor with x's dtype and device;
- vllm/_xpu_gemm_fakes.py). apply() is unchanged.
+ through one custom op, vllm::ipex_woq_linear (registered with
+ direct_register_custom_op), whose fake returns what every int4 branch of
+ that forward returns (a new contiguous x.shape[:-1] + (out_features,)
+ tensor with x's dtype and device; vllm/_xpu_gemm_fakes.py). apply() is
+ unchanged.
+ .
+ The op finds its module through a one-element buffer of the wrapper,
+ passed as a tensor argument, whose value keys a registry of weak
+ references: the layer owns its module (freed with it), and a traced graph
+ holds no module number, only the layer's buffer, so a graph reused from
+ the compile cache or for a second model calls that model's modules.
  .
  tests/kernels/quantization/test_ipex_woq_linear.py runs opcheck on the op
  for the weight formats the AWQ and GPTQ paths produce (oneDNN and XeTLA
@@ -500,9 +583,18 @@ Description: [XPU] Use exact fake kernels for the _xpu_C quantized GEMMs
  int4_gemm_w4a8. A fake is registered only for an op that exists and has the
  schema the fake was written for; otherwise a warning is logged.
  .
+ From vLLM 0.27.0 on, vllm/_xpu_ops.py also registers vLLM's own op
+ vllm::xpu_fp8_bmm, which returns torch.ops._xpu_C.fp8_bmm's output as it
+ is, with a fake that returns a new contiguous tensor. DeepSeek-V4 calls it
+ on a transposed [M, G, K] view, for which the kernel's output is laid out
+ like the input, not contiguous. Where the op exists, its fake becomes
+ fp8_bmm's.
+ .
  tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
- (test_faketensor, test_aot_dispatch_dynamic) on each op, against the real
- kernels on an XPU host and against CPU reference kernels elsewhere.
+ (test_faketensor, test_aot_dispatch_dynamic; on the kernels themselves
+ test_schema and test_autograd_registration, where they can run) on each
+ op, against the real kernels on an XPU host and against CPU reference
+ kernels elsewhere.
  .
  Upstream status: not submitted yet. The fakes replaced here were added by
  https://github.com/vllm-project/vllm/pull/39984 (fp8_gemm) and
@@ -530,8 +622,10 @@ Description: [XPU] Register fake kernels for the IPEX quantized GEMMs
  has the schema the fake was written for; otherwise a warning is logged.
  .
  tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
- (test_faketensor, test_aot_dispatch_dynamic) on each op, against the real
- kernels on an XPU host and against CPU reference kernels elsewhere.
+ (test_faketensor, test_aot_dispatch_dynamic; on the kernels themselves
+ test_schema and test_autograd_registration, where they can run) on each
+ op, against the real kernels on an XPU host and against CPU reference
+ kernels elsewhere.
  .
  Upstream status: not submitted yet; IPEX-based XPU support was replaced by
  vllm-xpu-kernels in vLLM 0.16.0, so this is for the 0.10.2-0.14.1 releases.
@@ -583,7 +677,7 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
     "kernels": (
         Recipe(
             name="0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch",
-            edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops),),
+            edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops_and_wrappers),),
             overlay=OVERLAY,
             header=KERNELS_HEADER + _COMMON_FIELDS,
         ),

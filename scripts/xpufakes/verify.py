@@ -15,6 +15,9 @@ from pathlib import Path
 from .errors import NOT_HERE, Refusal
 
 TEST_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
+# vLLM's own ops that return a GEMM's output unchanged -> that GEMM: the
+# wrapper is checked over the GEMM's cases (those its schema accepts).
+WRAPPER_OPS = {"vllm::xpu_fp8_bmm": "_xpu_C::fp8_bmm"}
 
 
 @dataclass
@@ -40,6 +43,7 @@ def run(vllm: Path | None, standins: str | None, full: bool = True) -> list[OpRe
         device = "cpu"
         libraries = loading.define_standins(standins)
         loading.stub_xpu_kernel_package()
+        loading.stub_vllm_extensions()
     else:
         device = "xpu"
         if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
@@ -66,8 +70,39 @@ def run(vllm: Path | None, standins: str | None, full: bool = True) -> list[OpRe
         except Exception as e:  # noqa: BLE001 - every failure is a result
             result.failed += 1
             result.failures[case.id] = reason(e)
+    for wrapper, gemm in WRAPPER_OPS.items():
+        _check_wrapper(results, wrapper, gemm, device, full)
     del libraries
     return list(results.values())
+
+
+def _check_wrapper(
+    results: dict[str, "OpResult"], wrapper: str, gemm: str, device: str, full: bool
+) -> None:
+    import torch
+
+    from . import loading
+
+    namespace, name = wrapper.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name, None)
+    if packet is None:
+        return
+    result = results[wrapper] = OpResult(
+        wrapper, "registered" if loading.fake_of(wrapper) else "none"
+    )
+    for case in loading.reference().opcheck_cases(full=full):
+        if f"{case.namespace}::{case.name}" != gemm or case.overload != "default":
+            continue
+        if not case.available() or case.params.get("out_dtype", 0) is None:
+            continue  # the wrapper's out_dtype is not optional
+        try:
+            torch.library.opcheck(
+                packet.default, case.args(device), test_utils=TEST_UTILS
+            )
+            result.passed += 1
+        except Exception as e:  # noqa: BLE001 - every failure is a result
+            result.failed += 1
+            result.failures[case.id] = reason(e)
 
 
 def reason(error: BaseException) -> str:

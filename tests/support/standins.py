@@ -1,6 +1,7 @@
 """Stand-in kernels and the patched vLLM files, in a test process (the
 tool's own loading code, keyed by vLLM release)."""
 
+import sys
 from pathlib import Path
 
 from xpufakes import loading, pins
@@ -24,3 +25,18 @@ def import_vllm_module(root: Path, version: str):
     expected = "vllm._ipex_ops" if era == "ipex" else "vllm._xpu_ops"
     assert module.__name__ == expected, module.__name__
     return module
+
+
+def import_ipex_woq_linear(tree: Path, version: str):
+    """The stand-ins (IPEX's WOQ ops and GEMMs), then the IPEX-era tree's
+    vllm/_ipex_woq_linear.py; returns (libraries to keep referenced, the
+    module)."""
+    sys.dont_write_bytecode = True
+    libraries = [reference().define_torch_ipex_woq_kernels()]
+    libraries += define_standins(version)
+    import_vllm_module(tree, version)
+    sys.path.insert(0, str(tree))
+    import vllm._ipex_woq_linear as woq
+
+    assert Path(woq.__file__).is_relative_to(tree)
+    return libraries, woq

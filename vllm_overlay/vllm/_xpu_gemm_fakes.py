@@ -305,7 +305,9 @@ def fp8_gemm_out_fake(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     # The kernel writes into ``out`` and returns ``out`` itself, although the
-    # schema declares a plain ``Tensor`` return; so does the fake.
+    # schema declares a plain ``Tensor`` return; so does the fake: a fake must
+    # alias what the kernel aliases (opcheck's test_faketensor compares them).
+    # The schema is the kernel's to fix (``-> Tensor(a!)``).
     return _fp8_gemm_common(A, B, out_dtype, A_scale, B_scale, bias, out)
 
 
@@ -476,12 +478,13 @@ def ipex_fp8_gemm_w8a16_fake(
 
 
 def ipex_woq_linear_fake(
-    x: torch.Tensor, handle: int, out_features: int
+    x: torch.Tensor, key: torch.Tensor, out_features: int
 ) -> torch.Tensor:
     """``vllm::ipex_woq_linear`` (vllm/_ipex_woq_linear.py): IPEX's XPU
-    weight-only-quantized int4 linear. Every branch of its forward (oneDNN
-    ``mm_int4`` / ``mm_bias_int4`` / ``mm_w4a8``, XeTLA ``mm_low_bits`` or
-    ``int4x8_dequantize`` + ``mm_common``) returns a new contiguous tensor of
+    weight-only-quantized int4 linear of the module ``key`` names. Every
+    branch of its forward (oneDNN ``mm_int4`` / ``mm_bias_int4`` /
+    ``mm_w4a8``, XeTLA ``mm_low_bits`` or ``int4x8_dequantize`` +
+    ``mm_common``) returns a new contiguous tensor of
     ``x.shape[:-1] + (out_features,)`` with x's dtype and device."""
     torch._check(x.dim() >= 1, lambda: "ipex_woq_linear expects at least 1-D input")
     return x.new_empty((*x.shape[:-1], out_features))

@@ -49,7 +49,7 @@ if not ON_XPU:
     fakes.register_xpu_gemm_fakes()
     fakes.register_ipex_gemm_fakes()
 
-TEST_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
+TEST_UTILS = reference.FAKE_CHECKS
 CASES = reference.opcheck_cases(full=True)
 
 
@@ -58,6 +58,17 @@ def test_fake_matches_kernel(case: reference.OpcheckCase):
     if not case.available():
         pytest.skip(f"{case.namespace}::{case.name} is not in this build")
     opcheck(case.op(), case.args(DEVICE), test_utils=TEST_UTILS)
+    # The kernel's own registration (reference.SCHEMA_CHECK_SKIPPED: where
+    # test_schema cannot run, and why); test_autograd_registration needs an
+    # input that requires grad.
+    checks = case.kernel_checks()
+    if "test_schema" in checks:
+        opcheck(case.op(), case.args(DEVICE), test_utils=("test_schema",))
+    opcheck(
+        case.op(),
+        reference.with_grad(case.args(DEVICE)),
+        test_utils=("test_autograd_registration",),
+    )
 
 
 # ---------------------------------------------------------------------------

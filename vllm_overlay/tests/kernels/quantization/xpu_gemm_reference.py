@@ -490,6 +490,19 @@ def dequantize_int4(
 # ---------------------------------------------------------------------------
 
 
+def as_backend_kernel(reference: Callable) -> Callable:
+    """A reference implementation as the kernels are: a backend kernel whose
+    output records no autograd history (the C++ kernels allocate it and fill
+    it with oneDNN; opcheck's test_autograd_registration checks this)."""
+
+    def kernel(*args):
+        with torch.no_grad():
+            return reference(*args)
+
+    kernel.__name__ = reference.__name__
+    return kernel
+
+
 def define_xpu_c_kernels(release: str = NEWEST_XPU_KERNELS) -> dict:
     """Define the ``_xpu_C`` GEMMs of a vllm-xpu-kernels release that are not
     defined yet, with CPU reference implementations.
@@ -507,7 +520,7 @@ def define_xpu_c_kernels(release: str = NEWEST_XPU_KERNELS) -> dict:
         if hasattr(torch.ops._xpu_C, name):
             continue
         lib.define(schema)
-        lib.impl(name, kernels[name], "CPU")
+        lib.impl(name, as_backend_kernel(kernels[name]), "CPU")
         defined.append(name)
     return {"library": lib, "ops": defined}
 
@@ -524,7 +537,7 @@ def define_torch_ipex_kernels() -> dict:
         if packet is not None and overload in packet.overloads():
             continue
         lib.define(schema, alias_analysis="CONSERVATIVE")
-        lib.impl(name, impls[name], "CPU")
+        lib.impl(name, as_backend_kernel(impls[name]), "CPU")
         defined.append(name)
     return {"library": lib, "ops": defined}
 
@@ -765,6 +778,45 @@ CASE_SPACE: dict[tuple[str, str, str], tuple[Callable, dict[str, tuple]]] = {
 }
 
 
+# opcheck sub-tests: the two that compare a fake with its kernel, and the two
+# that check the kernel's registration (test_schema: mutations and aliases
+# against the schema; test_autograd_registration: no autograd-recording ops
+# below the autograd key). These two run the kernel alone.
+FAKE_CHECKS = ("test_faketensor", "test_aot_dispatch_dynamic")
+KERNEL_CHECKS = ("test_schema", "test_autograd_registration")
+
+# Where test_schema cannot run, and why. (It compares every input before and
+# after the call with torch.allclose; fp8 needs vLLM opcheck's fp8 allclose.)
+SCHEMA_CHECK_SKIPPED = {
+    "fp4_gemm": "SchemaCheckMode clones the inputs, and torch has no CPU "
+    "copy_ for float4_e2m1fn_x2",
+    "fp8_gemm_out": "the kernel returns `out`, which its schema does not "
+    "declare an alias of the output: it fails by the kernel's schema, "
+    "whatever the fake (docs/fp8-gemm-out-aliasing.md)",
+}
+
+
+def fp8_allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
+    """torch.allclose that also compares fp8 tensors on the CPU (as vLLM's
+    tests/kernels/utils.py opcheck patches it in)."""
+    return bool(
+        torch._refs.allclose(
+            a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=equal_nan
+        )
+    )
+
+
+def with_grad(args: tuple) -> tuple:
+    """Copy args, every fp16 / bf16 / fp32 tensor a leaf that requires grad,
+    same strides (test_autograd_registration is a no-op without one)."""
+    return tuple(
+        a.detach().requires_grad_()
+        if isinstance(a, torch.Tensor) and a.dtype in (torch.float32, *_HALF)
+        else a
+        for a in args
+    )
+
+
 @dataclass(frozen=True)
 class OpcheckCase:
     namespace: str
@@ -803,6 +855,13 @@ class OpcheckCase:
     def args(self, device: str) -> tuple:
         builder, _ = CASE_SPACE[(self.namespace, self.name, self.overload)]
         return builder(device, **self.params)
+
+    def kernel_checks(self) -> tuple[str, ...]:
+        """The KERNEL_CHECKS this case's kernel can run (SCHEMA_CHECK_SKIPPED
+        says why not)."""
+        if self.name in SCHEMA_CHECK_SKIPPED:
+            return ("test_autograd_registration",)
+        return KERNEL_CHECKS
 
 
 def _grid(dims: dict[str, tuple], full: bool) -> list[dict]:
