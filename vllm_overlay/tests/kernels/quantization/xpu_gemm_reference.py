@@ -18,11 +18,12 @@ Sources: vllm-project/vllm-xpu-kernels ``csrc/xpu/torch_bindings.cpp``
 ``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``.
 """
 
+import contextlib
 import itertools
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import regex as re
 import torch
 
 # Schemas, verbatim from the kernels' registrations. Identical in every
@@ -527,6 +528,30 @@ def define_torch_ipex_kernels() -> dict:
         lib.impl(name, impls[name], "CPU")
         defined.append(name)
     return {"library": lib, "ops": defined}
+
+
+@contextlib.contextmanager
+def stand_in_ops(
+    definers: list[Callable[[], dict]], registrations: list[Callable[[], object]]
+) -> Iterator[None]:
+    """Define the stand-in ops (``definers``), register their fakes
+    (``registrations``), and on exit remove the ops and every fake registered
+    for them: nothing is left in ``torch.ops`` afterwards."""
+    start = len(torch.library._keep_alive)
+    libraries = [define()["library"] for define in definers]
+    namespaces = {lib.ns for lib in libraries}
+    try:
+        for register in registrations:
+            register()
+        yield
+    finally:
+        # register_fake(lib=None) keeps a library of its own per fake.
+        for lib in list(torch.library._keep_alive[start:]):
+            if lib.ns in namespaces:
+                lib._destroy()
+                torch.library._keep_alive.remove(lib)
+        for lib in libraries:
+            lib._destroy()
 
 
 # ---------------------------------------------------------------------------
