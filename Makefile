@@ -54,8 +54,8 @@ export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=versi
 	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
 	@$(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
 
-stage: need-vllm  ## commit the series on a new branch of a git checkout (VLLM=path [BRANCH=name])
-	@$(TOOL) stage "$(VLLM)" $(if $(BRANCH),--branch "$(BRANCH)")
+stage: need-vllm venv-tree  ## the upstream cut as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name])
+	@$(TOOL) stage "$(VLLM)" --python "$(TREE_VENV)/bin/python" $(if $(BRANCH),--branch "$(BRANCH)")
 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
 	@$(TOOL) verify-xpu $(if $(VLLM),--vllm "$(VLLM)") $(ARGS)

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -176,9 +177,16 @@ def cmd_export(args) -> int:
 
 
 def cmd_stage(args) -> int:
-    from . import stage
+    from . import stage, treechecks
 
-    branch, commits, description = stage.stage(args.vllm, args.branch or None)
+    branch, commits, description, results = stage.stage(
+        args.vllm,
+        args.branch or None,
+        args.python or None,
+        shlex.split(args.test_args or ""),
+    )
+    print("the tree's own checks on the staged files:")
+    print(treechecks.report(results))
     print(f"branch {branch}: {len(commits)} commit(s), {commits[-1][:12]}")
     print()
     print(description)
@@ -269,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = verbs.add_parser("stage", help="commit the series on a new branch")
     sub.add_argument("vllm", metavar="VLLM", help="a vLLM git checkout")
     sub.add_argument("--branch", help="branch name (default xpu-gemm-fakes-<release>)")
+    sub.add_argument(
+        "--python", help="the Python with torch and pytest that validates the change"
+    )
+    sub.add_argument(
+        "--test-args", help="extra pytest arguments for the in-tree tests, e.g. -k"
+    )
     sub.set_defaults(func=cmd_stage)
 
     sub = verbs.add_parser(
