@@ -146,9 +146,18 @@ def stage(
     era = era_of_tree(root)
     described = _git(root, "describe", "--tags", "--always", "HEAD").removeprefix("v")
     branch = branch or f"xpu-gemm-fakes-{described}"
-    if _git(
-        root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
-    ):
+    exists = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(root),
+            "show-ref",
+            "--verify",
+            "--quiet",
+            f"refs/heads/{branch}",
+        ]
+    )
+    if exists.returncode == 0:
         raise Refusal(f"branch {branch} already exists in {root}")
     staged = cut_of(root, era)
     test_python = _python_for_tests(python)
@@ -170,8 +179,8 @@ def stage(
         failed = [r for r in results if r.status == treechecks.FAILED]
         if failed:
             details = "\n".join(f"{r.hook}:\n{r.output}" for r in failed)
-            print(treechecks.report(results), file=sys.stderr)
-            print(details, file=sys.stderr)
+            print(treechecks.report(results))
+            print(details)
             raise Refusal(
                 "the tree's own checks fail on the staged files: "
                 + ", ".join(r.hook for r in failed)

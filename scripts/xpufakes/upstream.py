@@ -493,13 +493,13 @@ def cut(files: dict[str, str], target: Target) -> dict[str, str]:
     for path, names in roots.items():
         if path not in out:
             continue
-        text = _drop_dict_entries(out[path], target.unused_namespaces)
+        text = drop_docstring_items(out[path], target.unused_namespaces)
+        text = _drop_dict_entries(text, target.unused_namespaces)
         text = fold_kernel_gates(text, target.kernels)
         text = drop_torch_shims(text, target.torch)
         out[path] = prune(text, names)
     if recipes.FAKES_MODULE in out:
-        text = drop_docstring_items(out[recipes.FAKES_MODULE], target.unused_namespaces)
-        out[recipes.FAKES_MODULE] = use_vllm_logger(text)
+        out[recipes.FAKES_MODULE] = use_vllm_logger(out[recipes.FAKES_MODULE])
     return out
 
 

@@ -7,8 +7,7 @@ GEMM's fake must return what the kernel returns. opcheck's test_faketensor
 runs the kernel and its fake side by side and compares the outputs' shape,
 strides, dtype and device.
 
-On an XPU host the real kernels (vllm-xpu-kernels, or IPEX on the releases
-that use it) are tested. Elsewhere the tests skip, unless
+On an XPU host the real kernels are tested. Elsewhere the tests skip, unless
 VLLM_XPU_FAKES_CPU_REFERENCE=1 asks for the CPU reference kernels of
 xpu_gemm_reference.py, which have the kernels' schemas: then the ops are
 defined for this module's tests only and removed afterwards. Every test id

@@ -2,20 +2,23 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """CPU stand-ins for the Intel XPU quantized GEMM kernels.
 
-Where the real kernels (vllm-xpu-kernels' ``_xpu_C``, IPEX's ``torch_ipex``)
-cannot load -- any machine without an Intel GPU -- the ops are defined here
-with the kernels' exact schemas and CPU reference implementations, so that
-``torch.library.opcheck`` can compare the fake kernels with a real one.
+Where the real kernels cannot load -- any machine without an Intel GPU -- the
+ops are defined here with the kernels' exact schemas and CPU reference
+implementations, so that ``torch.library.opcheck`` can compare the fake
+kernels with a real one.
 
 A reference kernel computes the real math (dequantize, fp32 matmul, bias) and
 returns it in the layout the XPU kernel allocates: ``A.shape[:-1] + (N,)``,
 strides ``A.stride(i) // K * N`` but the last, which is A's. It performs the
 XPU kernel's input checks with the XPU kernel's messages.
 
-Sources: vllm-project/vllm-xpu-kernels ``csrc/xpu/torch_bindings.cpp``
-(schemas), ``csrc/xpu/onednn/onednn_matmul.cpp`` and ``onednn/*.h``
-(allocation, checks); intel/intel-extension-for-pytorch
-``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``.
+Sources:
+
+* vllm-project/vllm-xpu-kernels (``_xpu_C``): ``csrc/xpu/torch_bindings.cpp``
+  (schemas), ``csrc/xpu/onednn/onednn_matmul.cpp`` and ``onednn/*.h``
+  (allocation, checks);
+* intel/intel-extension-for-pytorch (``torch_ipex``):
+  ``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``.
 """
 
 import contextlib
