@@ -50,9 +50,9 @@ pins:  ## list the supported releases and their series
 refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 	@$(TOOL) refresh
 
-export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version]
+export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version] [AUTHOR="Name <email>"]
 	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
-	@$(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
+	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
 
 stage: need-vllm venv-tree  ## the upstream cut as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name])
 	@$(TOOL) stage "$(VLLM)" --python "$(TREE_VENV)/bin/python" $(if $(BRANCH),--branch "$(BRANCH)")
