@@ -35,6 +35,7 @@ LOCAL_LANGUAGES = ("python", "system", "script")
 # only overrides it).
 REMOTE_DEFAULTS = {
     "markdownlint-cli2": {"types": ["markdown"]},
+    "markdownlint": {"types": ["markdown"]},
     "actionlint": {"files": r"^\.github/workflows/"},
     "shellcheck": {"types": ["shell"]},
     "clang-format": {"types_or": ["c++", "cuda"]},
@@ -54,12 +55,11 @@ class Result:
     output: str = ""
 
     def line(self) -> str:
-        tail = (
-            f" ({self.output.strip().splitlines()[-1]})" if self.output.strip() else ""
-        )
-        if self.status == PASSED:
-            tail = ""
-        return f"  {self.hook}: {self.status}{tail}"
+        if self.status == PASSED or not self.output.strip():
+            return f"  {self.hook}: {self.status}"
+        lines = self.output.strip().splitlines()
+        telling = [ln for ln in lines if re.search(r"error|Found \d|fail", ln, re.I)]
+        return f"  {self.hook}: {self.status} ({(telling or lines)[-1].strip()})"
 
 
 def _pin(config: str, pattern: str) -> str | None:

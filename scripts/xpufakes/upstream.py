@@ -337,14 +337,26 @@ def fold_kernel_gates(text: str, kernels: tuple[int, ...] | None) -> str:
         return kernels >= since[feature] if feature in since else None
 
     while True:
-        for node in ast.walk(ast.parse(text)):
+        module = ast.parse(text)
+        alone = {
+            id(block[0])
+            for parent in ast.walk(module)
+            for block in (getattr(parent, "body", None),)
+            if isinstance(block, list) and len(block) == 1
+        }
+        for node in ast.walk(module):
             if not isinstance(node, ast.If) or node.orelse:
                 continue
             if KERNEL_GATE not in ast.get_source_segment(text, node.test):
                 continue
             value, source = _fold(node.test, text, gate)
             lines = text.splitlines(keepends=True)
-            if value is False:
+            if value is False and id(node) in alone:  # the block must not be empty
+                lines[node.lineno - 1 : node.end_lineno] = [
+                    " " * node.col_offset + "pass\n"
+                ]
+                text = "".join(lines)
+            elif value is False:
                 _delete_lines(lines, node.lineno, node.end_lineno)
                 text = "".join(lines)
             elif value is True:
@@ -480,7 +492,7 @@ def cut(files: dict[str, str], target: Target) -> dict[str, str]:
     if target.era != "kernels":
         for path in out:
             if path.startswith("vllm/") and path in _overlay_paths():
-                out[path] = use_vllm_logger(out[path])
+                out[path] = use_vllm_logger(drop_docstring_items(out[path], ()))
         return out
     others = "\n".join(t for p, t in out.items())
     roots = {
@@ -499,7 +511,8 @@ def cut(files: dict[str, str], target: Target) -> dict[str, str]:
         text = drop_torch_shims(text, target.torch)
         out[path] = prune(text, names)
     if recipes.FAKES_MODULE in out:
-        out[recipes.FAKES_MODULE] = use_vllm_logger(out[recipes.FAKES_MODULE])
+        text = drop_docstring_items(out[recipes.FAKES_MODULE], ())
+        out[recipes.FAKES_MODULE] = use_vllm_logger(text)
     return out
 
 

@@ -73,15 +73,10 @@ def make_module(
             reference.pack_int4_rows(torch.randint(0, 16, (n, k))).t().contiguous()
         )  # [K, N/8]
     g_idx = (torch.arange(k) // GROUP)[torch.randperm(k)].to(torch.int32)
-    kwargs = dict(
-        bias=torch.randn(n, dtype=dtype) if bias else None,
-        group_size=GROUP,
-        g_idx=g_idx if act_order else None,
-        quant_method=0 if method == "gptq" else 1,
-    )
-    tensors = [
-        t.to(DEVICE) if t is not None else None for t in (qweight, scales, zeros)
-    ]
+    b = torch.randn(n, dtype=dtype) if bias else None
+    g = g_idx if act_order else None
+    quant_method = 0 if method == "gptq" else 1
+    qweight, scales, zeros = (t.to(DEVICE) for t in (qweight, scales, zeros))
     if ON_XPU:
         import intel_extension_for_pytorch as ipex
 
@@ -92,9 +87,30 @@ def make_module(
             group_size=GROUP,
         )
         woq = ipex.llm.quantization.woq_linear.IPEXWeightOnlyQuantizedLinear
-        return woq.from_weight(*tensors, k, n, qconfig=qconfig, **kwargs)
+        return woq.from_weight(
+            qweight,
+            scales,
+            zeros,
+            k,
+            n,
+            qconfig=qconfig,
+            bias=b,
+            group_size=GROUP,
+            g_idx=g,
+            quant_method=quant_method,
+        )
     return reference.ReferenceWOQLinear.from_weight(
-        *tensors, k, n, engine=engine, w4a8=w4a8, **kwargs
+        qweight,
+        scales,
+        zeros,
+        k,
+        n,
+        bias=b,
+        group_size=GROUP,
+        g_idx=g,
+        quant_method=quant_method,
+        engine=engine,
+        w4a8=w4a8,
     )
 
 

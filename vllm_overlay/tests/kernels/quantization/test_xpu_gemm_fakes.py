@@ -19,6 +19,7 @@ Run: pytest tests/kernels/quantization/test_xpu_gemm_fakes.py
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 
 import pytest
 import regex as re
@@ -55,8 +56,8 @@ def xpu_gemm_ops():
         yield
         return
     # The reference kernels must exist before the fakes are registered.
-    definers = [reference.define_xpu_c_kernels]
-    registrations = [fakes.register_xpu_gemm_fakes]
+    definers: list[Callable[[], dict]] = [reference.define_xpu_c_kernels]
+    registrations: list[Callable[[], object]] = [fakes.register_xpu_gemm_fakes]
     # xpufakes: ipex-only begin
     definers.append(reference.define_torch_ipex_kernels)
     registrations.append(fakes.register_ipex_gemm_fakes)
