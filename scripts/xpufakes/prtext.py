@@ -247,6 +247,12 @@ def pull_request(
             f"- New test `{recipes.TREE_TEST}`: {evidence.tests.result}.",
         ],
         "validation": [f"Staged on vLLM {base}.", "", *_validation(evidence, results)],
+        "results": [
+            f"- before: {evidence.before.result}",
+            f"- after: {evidence.after.result}",
+            f"- new tests: {evidence.tests.result}",
+            "- " + _checks_line(results),
+        ],
         "details": [
             "\n\n".join(
                 [p for p in paragraphs[1:] if not p.lstrip().startswith("- ")]
@@ -261,9 +267,14 @@ def pull_request(
         head, sections, tail = "", [(h, "") for h in DEFAULT_HEADINGS], ""
     else:
         head, sections, tail = _sections(template)
-    out = [head.rstrip("\n")] if head.strip() else []
-    for title, _ in sections:
-        out += [f"## {title}", "", *content[_kind(title)], ""]
+    # of the text before the first heading only markup comments are kept
+    kept = [ln for ln in head.splitlines() if ln.strip().startswith("<!--")]
+    out = [*kept]
+    kinds = [_kind(title) for title, _ in sections]
+    if "details" not in kinds and "overview" in kinds:
+        content["overview"] += ["", *content["claims"], "", *content["details"]]
+    for title, kind in zip([s[0] for s in sections], kinds, strict=True):
+        out += [f"## {title}", "", *content[kind], ""]
     text = "\n".join(out) + ("\n" + tail if tail else "")
     return text.rstrip("\n") + "\n"
 
@@ -273,6 +284,7 @@ def _kind(title: str) -> str:
     for words, kind in (
         (("overview", "purpose", "summary", "essential"), "overview"),
         (("claim",), "claims"),
+        (("result",), "results"),
         (("validation", "test"), "validation"),
     ):
         if any(w in lowered for w in words):
