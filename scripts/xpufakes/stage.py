@@ -22,6 +22,7 @@ the branch and the worktree are removed again.
 """
 
 import ast
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -216,9 +217,11 @@ def stage(
         _git(root, "worktree", "remove", "--force", str(after), check=False)
         _git(root, "worktree", "remove", "--force", str(before), check=False)
         _git(root, "branch", "-D", branch, check=False)
+        shutil.rmtree(work, ignore_errors=True)
         raise
     _git(root, "worktree", "remove", "--force", str(after))
     _git(root, "worktree", "remove", "--force", str(before))
+    shutil.rmtree(work, ignore_errors=True)
     return branch, commits, text, results
 
 
