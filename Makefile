@@ -55,7 +55,7 @@ export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=versi
 	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
 
 stage: need-vllm venv-tree  ## the upstream cut as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name])
-	@$(TOOL) stage "$(VLLM)" --python "$(TREE_VENV)/bin/python" $(if $(BRANCH),--branch "$(BRANCH)")
+	@$(TOOL) stage "$(VLLM)" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)")
 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
 	@$(TOOL) verify-xpu $(if $(VLLM),--vllm "$(VLLM)") $(ARGS)

@@ -115,6 +115,8 @@ def cut_of(root: Path, era: str) -> list[Staged]:
 
 def _python_for_tests(python: str | None) -> str:
     candidate = python or sys.executable
+    if "/" in candidate:  # the tests run in the tree: not relative to here
+        candidate = str(Path(candidate).absolute())
     probe = subprocess.run(
         [candidate, "-c", "import torch, pytest, regex"], capture_output=True
     )
