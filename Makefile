@@ -65,12 +65,12 @@ refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 overlay-history:  ## record the sha256 of every committed overlay version (after committing vllm_overlay/)
 	@$(TOOL) overlay-history
 
-export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version]
+export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version] [AUTHOR="Name <email>"]
 	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
-	@$(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
+	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
 
-stage: need-vllm  ## commit the series on a new branch of a git checkout (VLLM=path [BRANCH=name])
-	@$(TOOL) stage "$$XPUFAKES_VLLM" $(if $(BRANCH),--branch "$(BRANCH)")
+stage: need-vllm venv-tree  ## the upstream cut as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name])
+	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)")
 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
 	@$(TOOL) verify-xpu $(if $(XPUFAKES_VLLM),--vllm "$$XPUFAKES_VLLM") $(ARGS)

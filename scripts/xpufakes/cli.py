@@ -3,6 +3,7 @@
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -440,6 +441,8 @@ def cmd_test_tree(args) -> int:
         first = (missing or [recipes.TREE_TEST])[0]
         raise Refusal(f"{first} is not in the tree; run make apply first")
     env = dict(os.environ)
+    # off XPU, the in-tree tests run only when asked to use the CPU reference
+    env.setdefault("VLLM_XPU_FAKES_CPU_REFERENCE", "1")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(plan.tree.root), *filter(None, [env.get("PYTHONPATH")])]
     )
@@ -468,10 +471,17 @@ def cmd_export(args) -> int:
 
 
 def cmd_stage(args) -> int:
-    from . import stage
+    from . import stage, treechecks
 
     with lock.tree_lock(tree.locate(args.vllm).root):
-        branch, commits, description = stage.stage(args.vllm, args.branch or None)
+        branch, commits, description, results = stage.stage(
+            args.vllm,
+            args.branch or None,
+            args.python or None,
+            shlex.split(args.test_args or ""),
+        )
+    print("the tree's own checks on the staged files:")
+    print(treechecks.report(results))
     print(f"branch {branch}: {len(commits)} commit(s), {commits[-1][:12]}")
     print()
     print(description)
@@ -596,6 +606,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = verbs.add_parser("stage", help="commit the series on a new branch")
     sub.add_argument("vllm", metavar="VLLM", help="a vLLM git checkout")
     sub.add_argument("--branch", help="branch name (default xpu-gemm-fakes-<release>)")
+    sub.add_argument(
+        "--python", help="the Python with torch and pytest that validates the change"
+    )
+    sub.add_argument(
+        "--test-args", help="extra pytest arguments for the in-tree tests, e.g. -k"
+    )
     sub.set_defaults(func=cmd_stage)
 
     sub = verbs.add_parser(

@@ -2,15 +2,25 @@
 `git am`): every patch in `git format-patch` form, with the overlay files it
 brings as new-file diffs, and a `series` file. Nothing of this project is
 needed to apply it.
+
+Each file's diff carries `index <pre>..<post>`, the git blob ids of the file
+before and after (the pristine file of the release exported for), so
+`git am -3` can fall back to a three-way merge on a tree whose context moved.
+The patches keep the series' file names. Author and sign-off: AUTHOR
+("Name <email>"), else git's user.name / user.email, else the project's
+identity from the patch header.
 """
 
 import datetime
 import email.utils
+import hashlib
+import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import pins, series, unidiff
+from . import paths, pins, series, unidiff
 from .errors import Refusal
 
 ZERO_COMMIT = "0" * 40
@@ -36,15 +46,42 @@ def _description(patch: series.Patch) -> tuple[str, str]:
     return first.strip(), "\n".join(lines).strip("\n")
 
 
+def blob_id(data: bytes) -> str:
+    """What `git hash-object` prints for data."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 def new_file_diff(path: str, data: bytes) -> str:
     text = data.decode("utf-8")
     body = unidiff.unified("", text, path)
     body = body.replace(f"--- a/{path}\n", "--- /dev/null\n", 1)
-    return f"diff --git a/{path} b/{path}\nnew file mode 100644\n" + body
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n"
+        f"index {'0' * 40}..{blob_id(data)}\n" + body
+    )
 
 
-def _git_style(diff: str) -> str:
-    """Precede each file's ---/+++ header with a `diff --git` line."""
+def identity(fallback: str) -> str:
+    """AUTHOR, else git's user.name <user.email>, else `fallback`."""
+    given = os.environ.get("AUTHOR", "").strip()
+    if given:
+        if not re.fullmatch(r"[^<>]+ <[^<>\s]+@[^<>\s]+>", given):
+            raise Refusal(f'AUTHOR must be "Name <email>", not {given!r}')
+        return given
+    found = []
+    for key in ("user.name", "user.email"):
+        done = subprocess.run(
+            ["git", "-C", str(paths.REPO), "config", key],
+            capture_output=True,
+            text=True,
+        )
+        found.append(done.stdout.strip() if done.returncode == 0 else "")
+    return f"{found[0]} <{found[1]}>" if all(found) else fallback
+
+
+def _git_style(diff: str, blobs: dict[str, tuple[str, str]]) -> str:
+    """Precede each file's ---/+++ header with `diff --git` and, for the
+    files in `blobs` (path -> (pre, post) blob ids), an `index` line."""
     out = []
     lines = unidiff.lines_of(diff)
     for i, line in enumerate(lines):
@@ -55,26 +92,53 @@ def _git_style(diff: str) -> str:
         ):
             path = line[6:].rstrip("\n")
             out.append(f"diff --git a/{path} b/{path}\n")
+            if path in blobs:
+                pre, post = blobs[path]
+                out.append(f"index {pre}..{post} 100644\n")
         out.append(line)
     return "".join(out)
 
 
-def message(patch: series.Patch, overlay_root: Path | None = None) -> Message:
+def _blobs(patch: series.Patch, texts: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """(pre, post) blob ids of the files the patch changes, given the text
+    of each file before the patch; `texts` is updated to after it."""
+    blobs = {}
+    for d in patch.file_diffs:
+        if d.path not in texts:
+            continue
+        before = texts[d.path]
+        after = unidiff.apply(before, d)
+        blobs[d.path] = (
+            blob_id(before.encode("utf-8", "surrogateescape")),
+            blob_id(after.encode("utf-8", "surrogateescape")),
+        )
+        texts[d.path] = after
+    return blobs
+
+
+def message(
+    patch: series.Patch,
+    overlay_root: Path | None = None,
+    texts: dict[str, str] | None = None,
+) -> Message:
+    """The patch as a commit; `texts`: the files before it (for the index
+    lines), updated to after it."""
     subject, body = _description(patch)
     trailers = [
         f"{name}: {patch.field(name)}"
         for name in ("Origin", "Bug", "Forwarded", "Last-Update")
         if patch.field(name)
     ]
-    signoffs = [f"Signed-off-by: {v}" for v in patch.fields.get("Signed-off-by", [])]
+    project = patch.fields.get("Signed-off-by", ["unknown <unknown@invalid>"])[0]
+    author = identity(project)
+    signoffs = [f"Signed-off-by: {author}"]
     full_body = "\n\n".join(
         part for part in (body, "\n".join(trailers), "\n".join(signoffs)) if part
     )
-    diff = _git_style(patch.diff)
+    diff = _git_style(patch.diff, _blobs(patch, texts if texts is not None else {}))
     for path in patch.overlay:
         data = series.overlay_source(path, overlay_root).read_bytes()
         diff += new_file_diff(path, data)
-    author = patch.fields.get("Signed-off-by", ["unknown <unknown@invalid>"])[0]
     day = patch.field("Last-Update") or "1970-01-01"
     when = datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.UTC)
     return Message(author, email.utils.format_datetime(when), subject, full_body, diff)
@@ -99,19 +163,28 @@ def format_patch(msg: Message, number: int, total: int) -> str:
     )
 
 
-def _file_name(number: int, subject: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", subject).strip("-")[:52].rstrip("-")
-    return f"{number:04d}-{slug}.patch"
+def _pristine_texts(loaded: series.Series, pin: pins.Pin) -> dict[str, str]:
+    from . import fetch
+
+    root = fetch.fetch(pin)
+    return {
+        path: (root / path).read_bytes().decode("utf-8", "surrogateescape")
+        for path in loaded.targets
+        if (root / path).is_file()
+    }
 
 
-def export_series(name: str, out: Path) -> list[Path]:
+def export_series(name: str, out: Path, pin: pins.Pin) -> list[Path]:
+    """The series as patches for the pristine files of `pin`'s release (one
+    of the series' releases: the index lines name its blobs)."""
     loaded = series.load(name)
     out.mkdir(parents=True, exist_ok=True)
+    texts = _pristine_texts(loaded, pin)
     written = []
     total = len(loaded.patches)
     for number, patch in enumerate(loaded.patches, 1):
-        msg = message(patch)
-        target = out / _file_name(number, msg.subject)
+        msg = message(patch, texts=texts)
+        target = out / patch.name  # the series' name, as status prints it
         target.write_text(format_patch(msg, number, total))
         written.append(target)
     (out / "series").write_text("".join(f"{p.name}\n" for p in written))
@@ -126,10 +199,13 @@ def export(out: Path, version: str | None) -> dict[str, list[Path]]:
     all_pins = pins.load()
     if version:
         pin = all_pins.get(version)
-        return {pin.series: export_series(pin.series, out)}
+        return {pin.series: export_series(pin.series, out, pin)}
     written = {}
-    for name in sorted({p.series for p in all_pins.releases.values()}):
-        written[name] = export_series(name, out / name)
+    first: dict[str, pins.Pin] = {}
+    for pin in all_pins.releases.values():
+        first.setdefault(pin.series, pin)
+    for name in sorted(first):
+        written[name] = export_series(name, out / name, first[name])
     out.joinpath("releases").write_text(
         "".join(f"{v} {p.series}\n" for v, p in all_pins.releases.items())
     )

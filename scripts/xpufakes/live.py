@@ -132,21 +132,21 @@ def _targets(edit: recipes.Edit, sources: dict[str, str]) -> list[str]:
     ]
 
 
-def by_recipe(
-    found: Tree, base: Base, selection: list[str] | None = None
-) -> RecipeResult:
-    """Run the era's recipes on the live files; refuse (naming every file and
-    anchor at fault) if a file already carries our changes or an anchor is not
-    found."""
-    era = recipes.RECIPES[base.era]
-    names = select([r.name for r in era], selection, f"the {base.era} recipes")
-    chosen = [r for r in era if r.name in names]
-    check_depends({r.name: list(r.depends) for r in era}, set(names))
-    sources = _vllm_sources(found.root)
-    mixed = is_mixed(found, base, sources)
+def run_recipes(
+    root: Path,
+    chosen: list[recipes.Recipe],
+    mixed: bool = False,
+    sources: dict[str, str] | None = None,
+) -> tuple[dict[str, dict[str, str]], dict[str, bytes], list[str]]:
+    """The recipes' edits on the live files (apply's recipe path and stage
+    both run them here): per recipe, the text each file it edits has after it
+    (and the recipes before it); each file's bytes before; and every fault
+    (a missing file, an anchor not found, a file carrying our changes)."""
+    sources = sources if sources is not None else _vllm_sources(root)
     texts: dict[str, str] = {}
     before: dict[str, bytes] = {}
     faults: list[str] = []
+    by_patch: dict[str, dict[str, str]] = {}
     for recipe in chosen:
         edits = list(recipe.edits) + (list(recipe.mixed_edits) if mixed else [])
         done_by_recipe = set()
@@ -154,7 +154,7 @@ def by_recipe(
             for path in _targets(edit, sources):
                 if edit.anywhere and path in done_by_recipe:
                     continue
-                target = found.root / path
+                target = root / path
                 if path not in texts:
                     if not target.is_file():
                         if edit.required:
@@ -168,6 +168,7 @@ def by_recipe(
                 try:
                     texts[path] = edit.edit(texts[path])
                     done_by_recipe.add(path)
+                    by_patch.setdefault(recipe.name, {})[path] = texts[path]
                 except recipes.RecipeError as e:
                     if not edit.anywhere:
                         faults.append(f"{path}: {e} (anchor of {recipe.name})")
@@ -179,6 +180,23 @@ def by_recipe(
                 "vllm/: no `X.<attr> = ...IPEXWeightOnlyQuantizedLinear."
                 f"from_weight(...)` in any file (anchor of {recipe.name})"
             )
+    return by_patch, before, faults
+
+
+def by_recipe(
+    found: Tree, base: Base, selection: list[str] | None = None
+) -> RecipeResult:
+    """Run the era's recipes on the live files; refuse (naming every file and
+    anchor at fault) if a file already carries our changes or an anchor is not
+    found."""
+    era = recipes.RECIPES[base.era]
+    names = select([r.name for r in era], selection, f"the {base.era} recipes")
+    chosen = [r for r in era if r.name in names]
+    check_depends({r.name: list(r.depends) for r in era}, set(names))
+    sources = _vllm_sources(found.root)
+    mixed = is_mixed(found, base, sources)
+    by_patch, before, faults = run_recipes(found.root, chosen, mixed, sources)
+    texts = {p: t for files in by_patch.values() for p, t in files.items()}
     added: dict[str, bytes] = {}
     for recipe in chosen:
         for path in recipe.overlay:

@@ -29,18 +29,18 @@ and the op is left alone (a wrong fake is worse than none). Ops that do not
 exist are skipped. Nothing here raises at import or registration time, and
 registering twice is a no-op.
 
-This module imports only torch and the standard library.
+This module imports only torch, regex and the standard library.
 """
 
 import importlib.metadata
 import inspect
 import logging
 import math
-import re
 from collections.abc import Callable
 from functools import cache
 from typing import NamedTuple
 
+import regex as re
 import torch
 
 logger = logging.getLogger(__name__)

@@ -9,25 +9,41 @@ weight formats vLLM's AWQ and GPTQ paths produce. On an XPU host the modules
 are IPEX's own; elsewhere the reference module of xpu_gemm_reference.py,
 whose forward calls the torch_ipex ops (defined there as IPEX defines them,
 CompositeImplicitAutograd) the way IPEX's XPU forward does. Every test id
-names which: ``[xpu-...]`` or ``[cpu-reference-...]``.
+names which: ``[xpu-...]`` or ``[cpu-reference-...]``. Off XPU the tests
+skip unless VLLM_XPU_FAKES_CPU_REFERENCE=1 asks for the reference ops, which
+then exist for this module's tests only.
 """
 
 import itertools
+import os
 
 import pytest
 import torch
 
 from tests.kernels.quantization import xpu_gemm_reference as reference
 from tests.kernels.utils import opcheck
+from vllm._ipex_woq_linear import opaque_ipex_woq_linear
 
 ON_XPU = hasattr(torch, "xpu") and torch.xpu.is_available()
+CPU_REFERENCE = os.environ.get("VLLM_XPU_FAKES_CPU_REFERENCE") == "1"
 KERNELS = "xpu" if ON_XPU else "cpu-reference"
 DEVICE = "xpu" if ON_XPU else "cpu"
 
-if not ON_XPU:
-    _LIBRARY = reference.define_torch_ipex_woq_kernels()
+pytestmark = pytest.mark.skipif(
+    not ON_XPU and not CPU_REFERENCE,
+    reason="needs an Intel XPU (or VLLM_XPU_FAKES_CPU_REFERENCE=1)",
+)
 
-from vllm._ipex_woq_linear import opaque_ipex_woq_linear  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_ipex_woq_ops():
+    """Off XPU: the CPU reference torch_ipex WOQ ops, for this module only."""
+    if ON_XPU:
+        yield
+        return
+    with reference.stand_in_ops([reference.define_torch_ipex_woq_kernels], []):
+        yield
+
 
 K, N, GROUP = 256, 128, 64
 # test_schema too (x is fp16/bf16, key int64). Not test_autograd_registration:
@@ -61,15 +77,10 @@ def make_module(
             reference.pack_int4_rows(torch.randint(0, 16, (n, k))).t().contiguous()
         )  # [K, N/8]
     g_idx = (torch.arange(k) // GROUP)[torch.randperm(k)].to(torch.int32)
-    kwargs = dict(
-        bias=torch.randn(n, dtype=dtype) if bias else None,
-        group_size=GROUP,
-        g_idx=g_idx if act_order else None,
-        quant_method=0 if method == "gptq" else 1,
-    )
-    tensors = [
-        t.to(DEVICE) if t is not None else None for t in (qweight, scales, zeros)
-    ]
+    b = torch.randn(n, dtype=dtype) if bias else None
+    g = g_idx if act_order else None
+    quant_method = 0 if method == "gptq" else 1
+    qweight, scales, zeros = (t.to(DEVICE) for t in (qweight, scales, zeros))
     if ON_XPU:
         import intel_extension_for_pytorch as ipex
 
@@ -80,9 +91,30 @@ def make_module(
             group_size=GROUP,
         )
         woq = ipex.llm.quantization.woq_linear.IPEXWeightOnlyQuantizedLinear
-        return woq.from_weight(*tensors, k, n, qconfig=qconfig, **kwargs)
+        return woq.from_weight(
+            qweight,
+            scales,
+            zeros,
+            k,
+            n,
+            qconfig=qconfig,
+            bias=b,
+            group_size=GROUP,
+            g_idx=g,
+            quant_method=quant_method,
+        )
     return reference.ReferenceWOQLinear.from_weight(
-        *tensors, k, n, engine=engine, w4a8=w4a8, **kwargs
+        qweight,
+        scales,
+        zeros,
+        k,
+        n,
+        bias=b,
+        group_size=GROUP,
+        g_idx=g,
+        quant_method=quant_method,
+        engine=engine,
+        w4a8=w4a8,
     )
 
 

@@ -7,47 +7,65 @@ GEMM's fake must return what the kernel returns. opcheck's test_faketensor
 runs the kernel and its fake side by side and compares the outputs' shape,
 strides, dtype and device.
 
-On an XPU host the real kernels (vllm-xpu-kernels, or IPEX on the releases
-that use it) are tested; elsewhere the ops are defined with the kernels'
-schemas and CPU reference implementations (xpu_gemm_reference.py). Every
-test id names which: ``[xpu-...]`` or ``[cpu-reference-...]``.
+On an XPU host the real kernels are tested. Elsewhere the tests skip, unless
+VLLM_XPU_FAKES_CPU_REFERENCE=1 asks for the CPU reference kernels of
+xpu_gemm_reference.py, which have the kernels' schemas: then the ops are
+defined for this module's tests only and removed afterwards. Every test id
+names which kernels ran: ``[xpu-...]`` or ``[cpu-reference-...]``.
 
 Run: pytest tests/kernels/quantization/test_xpu_gemm_fakes.py
 """
 
 import importlib.util
 import logging
-import re
+import os
+from collections.abc import Callable
 
 import pytest
+import regex as re
 import torch
 
 from tests.kernels.quantization import xpu_gemm_reference as reference
 from tests.kernels.utils import opcheck
+from vllm import _xpu_gemm_fakes as fakes
 
 ON_XPU = hasattr(torch, "xpu") and torch.xpu.is_available()
+CPU_REFERENCE = os.environ.get("VLLM_XPU_FAKES_CPU_REFERENCE") == "1"
 KERNELS = "xpu" if ON_XPU else "cpu-reference"
 DEVICE = "xpu" if ON_XPU else "cpu"
 
-if ON_XPU:
-    # Import the module that registers the fakes, as vLLM does at start-up.
-    if importlib.util.find_spec("vllm._xpu_ops") is not None:
-        import vllm._xpu_ops  # noqa: F401
-    else:
-        import vllm._ipex_ops  # noqa: F401
-    _LIBRARIES: list = []
-else:
+# The module that registers the fakes when vLLM starts.
+REGISTERED_BY = "vllm._xpu_ops"
+# xpufakes: ipex-only begin
+if importlib.util.find_spec(REGISTERED_BY) is None:
+    REGISTERED_BY = "vllm._ipex_ops"
+# xpufakes: ipex-only end
+
+pytestmark = pytest.mark.skipif(
+    not ON_XPU and not CPU_REFERENCE,
+    reason="needs an Intel XPU (or VLLM_XPU_FAKES_CPU_REFERENCE=1)",
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def xpu_gemm_ops():
+    """The ops under test, with their fakes registered."""
+    if ON_XPU:
+        # Import the module that registers the fakes, as vLLM does at start-up.
+        importlib.import_module(REGISTERED_BY)
+        yield
+        return
     # The reference kernels must exist before the fakes are registered.
-    _LIBRARIES = [
-        reference.define_xpu_c_kernels(),
-        reference.define_torch_ipex_kernels(),
-    ]
+    definers: list[Callable[[], dict]] = [reference.define_xpu_c_kernels]
+    registrations: list[Callable[[], object]] = [fakes.register_xpu_gemm_fakes]
+    # xpufakes: ipex-only begin
+    definers.append(reference.define_torch_ipex_kernels)
+    registrations.append(fakes.register_ipex_gemm_fakes)
+    # xpufakes: ipex-only end
+    with reference.stand_in_ops(definers, registrations):
+        yield
+    fakes._registered.clear()
 
-from vllm import _xpu_gemm_fakes as fakes  # noqa: E402
-
-if not ON_XPU:
-    fakes.register_xpu_gemm_fakes()
-    fakes.register_ipex_gemm_fakes()
 
 TEST_UTILS = reference.FAKE_CHECKS
 CASES = reference.opcheck_cases(full=True)
@@ -76,15 +94,18 @@ def test_fake_matches_kernel(case: reference.OpcheckCase):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not hasattr(torch.ops._xpu_C, "fp8_gemm_w8a16"), reason="no _xpu_C GEMMs"
-)
+def _needs_xpu_c_gemms() -> None:
+    if not hasattr(torch.ops._xpu_C, "fp8_gemm_w8a16"):
+        pytest.skip("no _xpu_C GEMMs")
+
+
 @pytest.mark.parametrize(
     "layout", ["2d", "3d", "3d-mbk"], ids=lambda x: f"{KERNELS}-{x}"
 )
 def test_compiled_fp8_linear_matches_eager(layout):
     """Inductor plans the graph around the fake's output: a wrong rank or
     stride breaks the reduction over dim 1 downstream."""
+    _needs_xpu_c_gemms()
     torch._dynamo.reset()
     B = reference.fp8_weight(torch.float8_e4m3fn, "nt", DEVICE)
     scale = torch.tensor([0.5], device=DEVICE)
@@ -107,13 +128,11 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.skipif(
-    not hasattr(torch.ops._xpu_C, "fp8_gemm_w8a16"), reason="no _xpu_C GEMMs"
-)
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS), ids=lambda x: f"{KERNELS}-{x}")
 def test_fake_rejects_what_the_kernel_rejects(case):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    _needs_xpu_c_gemms()
     make_input, message = BAD_INPUTS[case]
     k = 0 if case == "zero-k" else reference.K
     n = reference.N
@@ -126,12 +145,15 @@ def test_fake_rejects_what_the_kernel_rejects(case):
 
 def test_registration_skips_a_mismatched_schema(caplog):
     lib = torch.library.Library("_xpu_gemm_fakes_test", "FRAGMENT")
-    lib.define("gemm(Tensor A, Tensor B, bool trans_B) -> Tensor")
-    expected = "_xpu_gemm_fakes_test::gemm(Tensor A, Tensor B) -> Tensor"
-    with caplog.at_level(logging.WARNING):
-        ok = fakes._register(
-            "_xpu_gemm_fakes_test::gemm", expected, fakes.fp8_gemm_fake
-        )
+    try:
+        lib.define("gemm(Tensor A, Tensor B, bool trans_B) -> Tensor")
+        expected = "_xpu_gemm_fakes_test::gemm(Tensor A, Tensor B) -> Tensor"
+        with caplog.at_level(logging.WARNING):
+            ok = fakes._register(
+                "_xpu_gemm_fakes_test::gemm", expected, fakes.fp8_gemm_fake
+            )
+    finally:
+        lib._destroy()
     assert not ok
     assert "Not registering a fake for _xpu_gemm_fakes_test::gemm" in caplog.text
     assert not fakes._register("_xpu_gemm_fakes_test::absent", expected, lambda: None)

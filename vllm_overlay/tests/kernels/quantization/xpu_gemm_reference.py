@@ -2,27 +2,31 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """CPU stand-ins for the Intel XPU quantized GEMM kernels.
 
-Where the real kernels (vllm-xpu-kernels' ``_xpu_C``, IPEX's ``torch_ipex``)
-cannot load -- any machine without an Intel GPU -- the ops are defined here
-with the kernels' exact schemas and CPU reference implementations, so that
-``torch.library.opcheck`` can compare the fake kernels with a real one.
+Where the real kernels cannot load -- any machine without an Intel GPU -- the
+ops are defined here with the kernels' exact schemas and CPU reference
+implementations, so that ``torch.library.opcheck`` can compare the fake
+kernels with a real one.
 
 A reference kernel computes the real math (dequantize, fp32 matmul, bias) and
 returns it in the layout the XPU kernel allocates: ``A.shape[:-1] + (N,)``,
 strides ``A.stride(i) // K * N`` but the last, which is A's. It performs the
 XPU kernel's input checks with the XPU kernel's messages.
 
-Sources: vllm-project/vllm-xpu-kernels ``csrc/xpu/torch_bindings.cpp``
-(schemas), ``csrc/xpu/onednn/onednn_matmul.cpp`` and ``onednn/*.h``
-(allocation, checks); intel/intel-extension-for-pytorch
-``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``.
+Sources:
+
+* vllm-project/vllm-xpu-kernels (``_xpu_C``): ``csrc/xpu/torch_bindings.cpp``
+  (schemas), ``csrc/xpu/onednn/onednn_matmul.cpp`` and ``onednn/*.h``
+  (allocation, checks);
+* intel/intel-extension-for-pytorch (``torch_ipex``):
+  ``csrc/gpu/aten/operators/fp8/FP8Linear.cpp``.
 """
 
+import contextlib
 import itertools
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import regex as re
 import torch
 
 # Schemas, verbatim from the kernels' registrations. Identical in every
@@ -540,6 +544,30 @@ def define_torch_ipex_kernels() -> dict:
         lib.impl(name, as_backend_kernel(impls[name]), "CPU")
         defined.append(name)
     return {"library": lib, "ops": defined}
+
+
+@contextlib.contextmanager
+def stand_in_ops(
+    definers: list[Callable[[], dict]], registrations: list[Callable[[], object]]
+) -> Iterator[None]:
+    """Define the stand-in ops (``definers``), register their fakes
+    (``registrations``), and on exit remove the ops and every fake registered
+    for them: nothing is left in ``torch.ops`` afterwards."""
+    start = len(torch.library._keep_alive)
+    libraries = [define()["library"] for define in definers]
+    namespaces = {lib.ns for lib in libraries}
+    try:
+        for register in registrations:
+            register()
+        yield
+    finally:
+        # register_fake(lib=None) keeps a library of its own per fake.
+        for lib in list(torch.library._keep_alive[start:]):
+            if lib.ns in namespaces:
+                lib._destroy()
+                torch.library._keep_alive.remove(lib)
+        for lib in libraries:
+            lib._destroy()
 
 
 # ---------------------------------------------------------------------------

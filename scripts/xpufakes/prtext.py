@@ -1,0 +1,292 @@
+"""The texts of an upstream pull request: the validation run (its commands
+and results), commit messages in vLLM's style, and the PR description in
+the tree's own `.github/PULL_REQUEST_TEMPLATE.md`."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import isolated, loading, recipes, treechecks, upstream
+from .errors import Refusal
+
+# The sections of vLLM's template since it has Overview / Claims /
+# Validation / Details; used when the tree has no template.
+DEFAULT_HEADINGS = ("Overview", "Claims", "Validation", "Details")
+CPU_REFERENCE = "VLLM_XPU_FAKES_CPU_REFERENCE=1"
+
+
+def description(header: str) -> tuple[str, str]:
+    """(subject, body) of a recipe's DEP-3 Description, as upstream text:
+    without the packager's paragraphs (upstream status, which releases the
+    variant applies to); links to earlier PRs are kept."""
+    lines = header.splitlines()
+    first = lines[0].removeprefix("Description:").strip()
+    rest = []
+    for line in lines[1:]:
+        if not line.startswith(" "):
+            break
+        rest.append("" if line.strip() == "." else line[1:])
+    paragraphs = "\n".join(rest).split("\n\n")
+    kept = []
+    for paragraph in paragraphs:
+        if paragraph.startswith("This variant applies"):
+            continue
+        if paragraph.startswith("Upstream status:"):
+            sentences = re.split(r"(?<=\.)\s+", paragraph.replace("\n", " "))
+            linked = [s for s in sentences if "https://" in s]
+            if not linked:
+                continue
+            paragraph = _wrap(" ".join(linked))
+        kept.append(paragraph)
+    body = "\n\n".join(kept).strip()
+    body = body.replace(
+        "against CPU reference kernels elsewhere.",
+        f"against CPU reference kernels elsewhere ({CPU_REFERENCE}).",
+    )
+    return first, body
+
+
+def _wrap(text: str, width: int = 72) -> str:
+    out, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join(out + [line])
+
+
+@dataclass
+class Run:
+    command: str
+    result: str  # the summary line
+    details: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Evidence:
+    before: Run
+    after: Run
+    tests: Run
+
+
+def _standins(root: Path, era: str) -> str:
+    text = (
+        (root / "requirements" / "xpu.txt").read_text()
+        if (root / "requirements" / "xpu.txt").is_file()
+        else ""
+    )
+    if era == "kernels":
+        pin = upstream.pinned(text, "vllm-xpu-kernels")
+        release = ".".join(map(str, pin)) if pin else loading.newest_xpu_kernels()
+        return f"vllm-xpu-kernels {release}"
+    match = re.search(r"intel[-_]extension[-_]for[-_]pytorch\s*==\s*(\S+)", text, re.I)
+    return f"intel-extension-for-pytorch {match.group(1) if match else 'xpu'}"
+
+
+def _grid(tree: Path, standins: str, python: str) -> Run:
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(work) / "grid.json"
+        args = ["verify-xpu", "--vllm", str(tree), "--standins", standins, "--quick"]
+        done = subprocess.run(
+            [python, "-m", "xpufakes", *args, "--json-out", str(out)],
+            capture_output=True,
+            text=True,
+            env=isolated.env(),
+        )
+        if not out.is_file():
+            last = (done.stderr.strip().splitlines() or ["no result"])[-1]
+            raise Refusal(f"the opcheck grid did not run on {tree.name}: {last}")
+        ops = json.loads(out.read_text())
+    shown = [a if " " not in a else shlex.quote(a) for a in args]
+    shown[2] = "<tree>"
+    conform = sum(1 for op in ops if op["ok"])
+    cases = sum(op["passed"] + op["failed"] for op in ops)
+    failed = sum(op["failed"] for op in ops)
+    details = []
+    for op in ops:
+        if op["failures"]:
+            case, message = next(iter(op["failures"].items()))
+            details.append(f"{op['op']}: {message.splitlines()[0][:200]} [{case}]")
+        elif op["fake"] != "registered":
+            details.append(f"{op['op']}: no fake registered")
+    return Run(
+        "python -m xpufakes " + " ".join(shown),
+        f"{conform} of {len(ops)} ops conform; {cases - failed} of {cases} "
+        f"opcheck cases pass",
+        details,
+    )
+
+
+def _in_tree_tests(tree: Path, era: str, python: str, extra: list[str]) -> Run:
+    tests = [*extra, recipes.TREE_TEST]
+    if era == "ipex":
+        tests.append(recipes.WOQ_TREE_TEST)
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    env["VLLM_XPU_FAKES_CPU_REFERENCE"] = "1"
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", *tests]
+    done = subprocess.run(
+        [python, *args], cwd=tree, env=env, capture_output=True, text=True
+    )
+    summary = (done.stdout.strip().splitlines() or ["no output"])[-1].strip("= ")
+    if done.returncode != 0:
+        raise Refusal(f"the new tests fail on the staged tree: {summary}")
+    shown = " ".join(shlex.quote(a) for a in tests)
+    return Run(f"{CPU_REFERENCE} pytest --noconftest {shown}", summary)
+
+
+def validate(
+    before: Path, after: Path, era: str, root: Path, python: str, extra: list[str]
+) -> Evidence:
+    """The opcheck grid before and after, the in-tree tests after (with the
+    extra pytest arguments `extra`)."""
+    standins = _standins(root, era)
+    return Evidence(
+        _grid(before, standins, python),
+        _grid(after, standins, python),
+        _in_tree_tests(after, era, python, extra),
+    )
+
+
+def _checks_line(results: list[treechecks.Result]) -> str:
+    ran = [r.hook for r in results if r.status == treechecks.PASSED]
+    skipped = [
+        f"{r.hook} ({r.output})" for r in results if r.status == treechecks.SKIPPED
+    ]
+    text = f"pre-commit hooks of the tree, on the changed files: {', '.join(ran)} pass"
+    return text + (f"; not run: {', '.join(skipped)}" if skipped else "")
+
+
+def _validation(evidence: Evidence, results: list[treechecks.Result]) -> list[str]:
+    e = evidence
+    return [
+        "Before (the tree's own fakes, against CPU reference kernels with the",
+        "kernels' schemas, `test_faketensor` and `test_aot_dispatch_dynamic`):",
+        "",
+        f"    {e.before.command}",
+        f"    -> {e.before.result}",
+        *[f"       {d}" for d in e.before.details],
+        "",
+        "After:",
+        "",
+        f"    {e.after.command}",
+        f"    -> {e.after.result}",
+        f"    {e.tests.command}",
+        f"    -> {e.tests.result}",
+        "",
+        _wrap(_checks_line(results)),
+    ]
+
+
+def commit_message(
+    subject: str, body: str, evidence: Evidence, results: list[treechecks.Result]
+) -> str:
+    """What, why, how it was tested; git adds the Signed-off-by."""
+    return (
+        "\n".join(
+            [subject, "", body, "", "Test Plan:", "", *_validation(evidence, results)]
+        )
+        + "\n"
+    )
+
+
+def _sections(template: str) -> tuple[str, list[tuple[str, str]], str]:
+    """(preamble, [(heading, body)], tail) of a PR template; the tail starts
+    at the first `---` rule after the last heading."""
+    head, *parts = re.split(r"^## ", template, flags=re.M)
+    sections = []
+    tail = ""
+    for i, part in enumerate(parts):
+        title, _, body = part.partition("\n")
+        if i == len(parts) - 1:
+            rule = re.search(r"^---\s*$", body, re.M)
+            if rule:
+                body, tail = body[: rule.start()], body[rule.start() :]
+        sections.append((title.strip(), body))
+    return head, sections, tail
+
+
+def pull_request(
+    template: str | None,
+    descriptions: list[tuple[str, str]],
+    evidence: Evidence,
+    results: list[treechecks.Result],
+    added: dict[str, tuple[int, int]],
+    base: str,
+) -> str:
+    subject, body = descriptions[0]
+    paragraphs = body.split("\n\n")
+    bullets = [
+        "- " + " ".join(p.strip(" -") for p in item.splitlines())
+        for text in paragraphs
+        for item in re.split(r"\n(?= *- )", text)
+        if item.lstrip().startswith("- ")
+    ]
+    links = sorted({u.rstrip(").,") for u in re.findall(r"https://\S+", body)})
+    overview = re.sub(r":$", " (see Claims).", paragraphs[0])
+    plus = sum(a for a, _ in added.values())
+    minus = sum(r for _, r in added.values())
+    files = [f"- `{path}`: +{a} -{r}" for path, (a, r) in added.items()]
+    content = {
+        "overview": [
+            f"{subject}.",
+            "",
+            overview,
+            *(["", "Related: " + ", ".join(links)] if links else []),
+        ],
+        "claims": [
+            "Fixes these defects of the fakes torch.compile uses for the XPU "
+            "quantized GEMMs:",
+            *bullets,
+            f"- New test `{recipes.TREE_TEST}`: {evidence.tests.result}.",
+        ],
+        "validation": [f"Staged on vLLM {base}.", "", *_validation(evidence, results)],
+        "results": [
+            f"- before: {evidence.before.result}",
+            f"- after: {evidence.after.result}",
+            f"- new tests: {evidence.tests.result}",
+            "- " + _checks_line(results),
+        ],
+        "details": [
+            "\n\n".join(
+                [p for p in paragraphs[1:] if not p.lstrip().startswith("- ")]
+                + [f"{s}.\n\n{b}" for s, b in descriptions[1:]]
+            ),
+            "",
+            f"Lines: +{plus} -{minus}",
+            *files,
+        ],
+    }
+    if template is None:
+        head, sections, tail = "", [(h, "") for h in DEFAULT_HEADINGS], ""
+    else:
+        head, sections, tail = _sections(template)
+    # of the text before the first heading only markup comments are kept
+    kept = [ln for ln in head.splitlines() if ln.strip().startswith("<!--")]
+    out = [*kept]
+    kinds = [_kind(title) for title, _ in sections]
+    if "details" not in kinds and "overview" in kinds:
+        content["overview"] += ["", *content["claims"], "", *content["details"]]
+    for title, kind in zip([s[0] for s in sections], kinds, strict=True):
+        out += [f"## {title}", "", *content[kind], ""]
+    text = "\n".join(out) + ("\n" + tail if tail else "")
+    return text.rstrip("\n") + "\n"
+
+
+def _kind(title: str) -> str:
+    lowered = title.lower()
+    for words, kind in (
+        (("overview", "purpose", "summary", "essential"), "overview"),
+        (("claim",), "claims"),
+        (("result",), "results"),
+        (("validation", "test"), "validation"),
+    ):
+        if any(w in lowered for w in words):
+            return kind
+    return "details"

@@ -1,0 +1,279 @@
+"""Run a vLLM tree's own pre-commit checks on given files, offline.
+
+The hooks come from the tree's `.pre-commit-config.yaml`: ruff check and
+ruff format at the ruff release the tree pins, typos at its pinned release,
+the tree's `tools/pre_commit/*.py` checks (forbidden imports, SPDX headers,
+test tethering, ...), its `language: system` hooks, and mypy through the
+tree's `tools/pre_commit/mypy.py` with the mypy release and plugins the hook
+lists. Their tools are installed once with pip into a virtual environment in
+the cache, keyed by those releases. A hook that needs the network or a tool
+that is not a Python package (clang-format, markdownlint, shellcheck,
+actionlint, cargo) runs only if one of the files is of its kind, and is then
+reported as not run, with the reason.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import paths
+from .errors import Refusal
+
+CONFIG = ".pre-commit-config.yaml"
+PASSED, FAILED, SKIPPED = "passed", "FAILED", "not run"
+# Hooks of remote repositories this module runs itself (by pre-commit id).
+RUFF_HOOKS = ("ruff-check", "ruff", "ruff-format")
+LOCAL_LANGUAGES = ("python", "system", "script")
+# What the remote hooks' own .pre-commit-hooks.yaml select (the config
+# only overrides it).
+REMOTE_DEFAULTS = {
+    "markdownlint-cli2": {"types": ["markdown"]},
+    "markdownlint": {"types": ["markdown"]},
+    "actionlint": {"files": r"^\.github/workflows/"},
+    "shellcheck": {"types": ["shell"]},
+    "clang-format": {"types_or": ["c++", "cuda"]},
+    "check-json": {"types": ["json"]},
+    "pip-compile": {"files": r"^requirements\.(in|txt)$"},
+    "ruff-check": {"types_or": ["python", "pyi"]},
+    "ruff": {"types_or": ["python", "pyi"]},
+    "ruff-format": {"types_or": ["python", "pyi"]},
+}
+
+
+@dataclass
+class Result:
+    hook: str
+    status: str  # PASSED, FAILED or SKIPPED
+    command: str = ""
+    output: str = ""
+
+    def line(self) -> str:
+        if self.status == PASSED or not self.output.strip():
+            return f"  {self.hook}: {self.status}"
+        lines = self.output.strip().splitlines()
+        telling = [ln for ln in lines if re.search(r"error|Found \d|fail", ln, re.I)]
+        return f"  {self.hook}: {self.status} ({(telling or lines)[-1].strip()})"
+
+
+def _pin(config: str, pattern: str) -> str | None:
+    match = re.search(pattern, config)
+    return match.group(1) if match else None
+
+
+def tool_requirements(config: str) -> list[str]:
+    """What the checks need from PyPI, at the releases the config pins."""
+    ruff = _pin(config, r"astral-sh/ruff-pre-commit\s*\n\s*rev:\s*v?([\w.]+)")
+    if not ruff:
+        raise Refusal(f"{CONFIG} pins no ruff release (astral-sh/ruff-pre-commit)")
+    wanted = [f"ruff=={ruff}", "regex", "PyYAML"]
+    mypy_deps = re.search(
+        r"id: mypy\b.*?additional_dependencies:\s*\[([^\]]*)\]", config, re.S
+    )
+    if mypy_deps:
+        wanted += [
+            d.strip().strip("\"'") for d in mypy_deps.group(1).split(",") if d.strip()
+        ]
+    return list(dict.fromkeys(wanted))
+
+
+def _environment(config: str) -> Path:
+    """The cached virtual environment with the checks' tools."""
+    wanted = tool_requirements(config)
+    key = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:12]
+    ruff = wanted[0].split("==")[1]
+    home = paths.cache_dir() / "checks" / f"ruff-{ruff}-{key}"
+    python = home / "bin" / "python"
+    if (home / ".installed").is_file():
+        return home
+    if not python.exists():
+        venv.create(home, with_pip=True)
+    result = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            *wanted,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise Refusal(
+            f"cannot install the tree's check tools ({' '.join(wanted)}): {last}"
+        )
+    (home / ".installed").write_text("\n".join(wanted) + "\n")
+    return home
+
+
+def _typos(home: Path, config: str) -> Path | None:
+    """typos at the pinned release, if pip can install it (None if not)."""
+    release = _pin(config, r"crate-ci/typos\s*\n\s*rev:\s*v?([\w.]+)")
+    if not release:
+        return None
+    marker = home / f".typos-{release}"
+    binary = home / "bin" / "typos"
+    if marker.is_file():
+        return binary if binary.exists() else None
+    subprocess.run(
+        [
+            str(home / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            f"typos=={release}",
+        ],
+        capture_output=True,
+    )
+    marker.write_text("")
+    return binary if binary.exists() else None
+
+
+def _hooks(home: Path, root: Path) -> list[dict]:
+    """Every hook of the config, with its repo's URL under "repo"."""
+    script = (
+        "import json, sys, yaml\n"
+        "config = yaml.safe_load(open(sys.argv[1]))\n"
+        "hooks = []\n"
+        "for repo in config.get('repos', []):\n"
+        "    for hook in repo.get('hooks', []):\n"
+        "        hooks.append(dict(hook, repo=repo['repo']))\n"
+        "print(json.dumps({'hooks': hooks, 'exclude': config.get('exclude', '^$'),"
+        " 'stages': config.get('default_stages')}))\n"
+    )
+    out = subprocess.run(
+        [str(home / "bin" / "python"), "-c", script, str(root / CONFIG)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    data = json.loads(out)
+    hooks = []
+    for hook in data["hooks"]:
+        if hook["repo"] != "local":
+            hook = {**REMOTE_DEFAULTS.get(hook["id"], {}), **hook}
+        hook["_global_exclude"] = data["exclude"]
+        hooks.append(hook)
+    return hooks
+
+
+_EXTENSIONS = {
+    "python": (".py",),
+    "pyi": (".pyi",),
+    "yaml": (".yaml", ".yml"),
+    "markdown": (".md",),
+    "shell": (".sh",),
+    "png": (".png",),
+    "rust": (".rs",),
+    "proto": (".proto",),
+    "c++": (".cpp", ".cc", ".h", ".hpp"),
+    "cuda": (".cu", ".cuh"),
+    "json": (".json",),
+}
+
+
+def _of_type(path: str, types: list[str]) -> bool:
+    def one(kind: str) -> bool:
+        if kind in ("file", "text"):
+            return True
+        return path.endswith(_EXTENSIONS.get(kind, ("\0",)))
+
+    return all(one(k) for k in types)
+
+
+def selected(hook: dict, files: list[str]) -> list[str]:
+    """The files pre-commit would pass to the hook."""
+    chosen = []
+    for path in files:
+        if re.search(hook.get("_global_exclude", "^$"), path):
+            continue
+        if not re.search(hook.get("files", ""), path):
+            continue
+        if hook.get("exclude") and re.search(hook["exclude"], path):
+            continue
+        if hook.get("types") and not _of_type(path, hook["types"]):
+            continue
+        types_or = hook.get("types_or")
+        if types_or and not any(_of_type(path, [k]) for k in types_or):
+            continue
+        chosen.append(path)
+    return chosen
+
+
+def _run(name: str, command: list[str], root: Path, env: dict) -> Result:
+    result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    shown = " ".join(shlex.quote(c) for c in command)
+    output = (result.stdout + result.stderr).strip()
+    return Result(name, PASSED if result.returncode == 0 else FAILED, shown, output)
+
+
+def run(root: Path, files: list[str]) -> list[Result]:
+    """Run the tree's offline pre-commit hooks on `files` (relative to root)."""
+    if not (root / CONFIG).is_file():
+        raise Refusal(f"{root} has no {CONFIG}; cannot run the tree's own checks")
+    config = (root / CONFIG).read_text()
+    home = _environment(config)
+    python = str(home / "bin" / "python")
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(home / "bin"), env.get("PATH", "")])
+    env["MYPY_CACHE_DIR"] = str(home / "mypy-cache")
+    env.pop("PYTHONPATH", None)
+    results = []
+    for hook in _hooks(home, root):
+        hook_id = hook["id"]
+        stages = hook.get("stages")
+        if stages and not {"pre-commit", "manual"} & set(stages):
+            continue  # commit-msg hooks: the commits carry a sign-off
+        chosen = selected(hook, files)
+        always = hook.get("always_run", False)
+        if not chosen and not always:
+            continue
+        args = [str(a) for a in hook.get("args", [])]
+        passes = hook.get("pass_filenames", True)
+        name = hook.get("alias") or hook_id
+        if hook["repo"].endswith("/ruff-pre-commit") and hook_id in RUFF_HOOKS:
+            if hook_id == "ruff-format":
+                command = [str(home / "bin" / "ruff"), "format", "--check", *chosen]
+            else:
+                command = [str(home / "bin" / "ruff"), "check", "--no-fix", *chosen]
+            results.append(_run(name, command, root, env))
+        elif hook["repo"].endswith("/typos"):
+            binary = _typos(home, config)
+            if binary is None:
+                results.append(Result(name, SKIPPED, output="typos is not installable"))
+            else:
+                results.append(_run(name, [str(binary), *args, *chosen], root, env))
+        elif hook["repo"] == "local" and hook.get("language") in LOCAL_LANGUAGES:
+            entry = shlex.split(hook["entry"])
+            if entry[0] == "python":
+                entry[0] = python
+            elif hook["language"] == "script":
+                entry[0] = str(root / entry[0])
+            command = [*entry, *args, *(chosen if passes else [])]
+            results.append(_run(name, command, root, env))
+        else:
+            why = f"needs {hook['repo']} ({hook.get('language', 'remote')})"
+            results.append(Result(name, SKIPPED, output=why))
+    return results
+
+
+def report(results: list[Result]) -> str:
+    return "\n".join(r.line() for r in results)
+
+
+if __name__ == "__main__":  # python -m xpufakes.treechecks ROOT FILE...
+    found = run(Path(sys.argv[1]), sys.argv[2:])
+    print(report(found))
+    sys.exit(1 if any(r.status == FAILED for r in found) else 0)
