@@ -271,13 +271,25 @@ def test_stage_refuses_what_is_not_a_checkout(tmp_path):
 
 
 def test_stage_names_the_file_and_anchor_it_misses(checkout):
+    """The wrapper recipe's anchor: vllm::xpu_fp8_bmm returning the kernel's
+    output unchanged. A tree where it no longer does is refused by name."""
     ops = checkout / "vllm" / "_xpu_ops.py"
-    ops.write_text(ops.read_text().replace("if TYPE_CHECKING:", "if False:", 1))
-    _git(checkout, "commit", "-qam", "no TYPE_CHECKING block")
+    text = ops.read_text()
+    assert "    return torch.ops._xpu_C.fp8_bmm(" in text
+    ops.write_text(
+        text.replace(
+            "    return torch.ops._xpu_C.fp8_bmm(",
+            "    return 2 * torch.ops._xpu_C.fp8_bmm(",
+            1,
+        )
+    )
+    _git(checkout, "commit", "-qam", "xpu_fp8_bmm scales its output")
     result = tool.run("stage", str(checkout))
     assert result.returncode == 1
     assert result.stderr == (
-        "error: vllm/_xpu_ops.py: no `if TYPE_CHECKING:` block\n"
+        "error: vllm/_xpu_ops.py: _xpu_fp8_bmm_impl no longer returns "
+        "torch.ops._xpu_C.fp8_bmm(...) unchanged; _xpu_fp8_bmm_fake needs a new "
+        "look (anchor of 0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch)\n"
     ), result.stderr
     assert "xpu-gemm-fakes" not in _git(checkout, "branch")
 

@@ -3,9 +3,10 @@ unless VLLM_XPU_FAKES_CPU_REFERENCE=1, and even then the stand-in ops (and
 the fakes registered for them) exist only while the module's tests run.
 
 Each check runs in a fresh process on a minimal tree: vllm/ with the fake
-modules, tests/ with the overlay's tests and a tests/kernels/utils.py whose
-opcheck is torch's. Negative control: the overlay as it was before
-(main's commit that defined the ops at import) leaves ops behind."""
+modules (and small equivalents of the vLLM helpers they import), tests/ with
+the overlay's tests and a tests/kernels/utils.py whose opcheck is vLLM's
+(torch's, with an fp8-capable allclose). Negative control: the overlay as it
+was before (main's commit that defined the ops at import) leaves ops behind."""
 
 import json
 import os
@@ -61,6 +62,58 @@ PLUGIN = LEFTOVERS + textwrap.dedent(
 )
 
 
+# vLLM's tests/kernels/utils.py opcheck: torch's, with torch.allclose taking
+# fp8 tensors on the CPU
+KERNEL_UTILS = textwrap.dedent(
+    """
+    import unittest.mock
+
+    import torch
+
+
+    def fp8_allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+        return bool(
+            torch._refs.allclose(
+                a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=equal_nan
+            )
+        )
+
+
+    def opcheck(*args, **kwargs):
+        with unittest.mock.patch("torch.allclose", new=fp8_allclose):
+            return torch.library.opcheck(*args, **kwargs)
+    """
+)
+
+VLLM_PLATFORMS = textwrap.dedent(
+    """
+    class _Platform:
+        dispatch_key = "CPU"
+
+
+    current_platform = _Platform()
+    """
+)
+
+VLLM_UTILS = textwrap.dedent(
+    """
+    import torch
+
+    _LIB = torch.library.Library("vllm", "FRAGMENT")
+
+
+    def direct_register_custom_op(
+        op_name, op_func, mutates_args=(), fake_impl=None, dispatch_key="CPU"
+    ):
+        schema = torch.library.infer_schema(op_func, mutates_args=mutates_args)
+        _LIB.define(op_name + schema)
+        _LIB.impl(op_name, op_func, dispatch_key)
+        if fake_impl is not None:
+            _LIB._register_fake(op_name, fake_impl)
+    """
+)
+
+
 def _minimal_tree(root: Path, read) -> Path:
     for rel in FILES:
         target = root / rel
@@ -68,7 +121,14 @@ def _minimal_tree(root: Path, read) -> Path:
         target.write_text(read(rel))
     for package in ("vllm", "tests", "tests/kernels", QUANT):
         (root / package / "__init__.py").touch()
-    (root / "tests/kernels/utils.py").write_text("from torch.library import opcheck\n")
+    (root / "tests/kernels/utils.py").write_text(KERNEL_UTILS)
+    # what vllm/_ipex_woq_linear.py takes from vLLM: the platform's dispatch
+    # key and vLLM's op registration (vllm::ipex_woq_linear is not an op of
+    # the namespaces checked here)
+    (root / "vllm/platforms").mkdir(exist_ok=True)
+    (root / "vllm/platforms/__init__.py").write_text(VLLM_PLATFORMS)
+    (root / "vllm/utils").mkdir(exist_ok=True)
+    (root / "vllm/utils/__init__.py").write_text(VLLM_UTILS)
     (root / "leftovers_plugin.py").write_text(PLUGIN)
     return root
 
