@@ -14,11 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from support import releases, small_tree, tool
-from xpufakes import engine, history, paths, pins, series, transaction
+from xpufakes import engine, history, paths, pins, series, transaction, unidiff
 
 IPEX, KERNELS = "0.10.2", "0.33.0"
 PAGE = 4096
@@ -464,6 +465,64 @@ def test_overlay_history_covers_git_history():
     for path, versions in history.from_git().items():
         missing = set(versions) - history.known(path)
         assert not missing, f"{path}: run `make overlay-history`"
+
+
+@pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
+def test_patch_history_covers_git_history():
+    """The data holds every committed version of each target file's diffs
+    (regenerate it with `make overlay-history` after patches/ changes)."""
+    for path, versions in history.diffs_from_git().items():
+        known = history.earlier_diffs(path)
+        for text in versions:
+            assert unidiff.parse(text) in known, f"{path}: run `make overlay-history`"
+
+
+# The last commit before the wrapper fakes changed the kernels series' diff
+# of vllm/_xpu_ops.py (0.27.0+) and the overlay.
+EARLIER = "b878c97"
+
+
+@pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
+def test_kernels_tree_patched_by_an_earlier_series(refs, tmp_path):
+    """0.33.0 patched as this project's series and overlay were at EARLIER
+    (an image built with that version): its vllm/_xpu_ops.py differs from
+    today's patched file, and is recognised: apply upgrades the tree to
+    today's patched release, revert restores the pristine one. Negative
+    control: the same file with a line changed is modified, and refused."""
+    name = pins.load().get(KERNELS).series
+    listing = _git_show(f"{EARLIER}:patches/{name}/series").decode().split()
+
+    def patch_as_then(root: Path) -> None:
+        for entry in listing:
+            text = _git_show(f"{EARLIER}:patches/{name}/{entry}")
+            (tmp_path / entry).write_bytes(text)
+            releases.gnu_patch(root, [tmp_path / entry])
+            for line in text.decode().splitlines():
+                if line.startswith("X-Overlay:"):
+                    path = line.split(":", 1)[1].strip()
+                    (root / path).parent.mkdir(parents=True, exist_ok=True)
+                    (root / path).write_bytes(
+                        _git_show(f"{EARLIER}:vllm_overlay/{path}")
+                    )
+
+    target = "vllm/_xpu_ops.py"
+    for verb, end in (("apply", "patched"), ("revert", "pristine")):
+        root = small_tree.make(KERNELS, tmp_path / verb)
+        patch_as_then(root)
+        assert small_tree.state(root, *refs[KERNELS]) == "mixed"
+        status = tool.run("status", str(root)).stdout
+        assert f"{target}: {engine.PATCHED_OLDER}" in status, status
+        result = tool.run(verb, str(root))
+        assert result.returncode == 0, result.stderr
+        assert small_tree.state(root, *refs[KERNELS]) == end
+    root = small_tree.make(KERNELS, tmp_path / "changed")
+    patch_as_then(root)
+    with open(root / target, "a") as f:
+        f.write("# a local change\n")
+    before = releases.file_hashes(root)
+    result = tool.run("revert", str(root))
+    assert result.returncode == 1 and f"{target} is locally modified" in result.stderr
+    assert releases.file_hashes(root) == before
 
 
 @pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")

@@ -547,7 +547,8 @@ def cmd_bench_worker(args) -> int:
 def cmd_overlay_history(args) -> int:
     from . import history
 
-    print(f"wrote {history.write()}")
+    for path in history.write():
+        print(f"wrote {path}")
     return OK
 
 

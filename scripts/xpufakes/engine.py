@@ -22,7 +22,9 @@ PRISTINE, PATCHED, PARTIAL, MODIFIED, MISSING = (
 )
 ABSENT, OURS, FOREIGN = "absent", "present", "present, not ours"
 OLDER = "present, ours (an older version)"
-OUTDATED = "patched (older overlay files)"
+# a target file patched by an earlier version of this tool's series
+PATCHED_OLDER = "patched by an earlier version"
+OUTDATED = "patched by an earlier version of this tool"
 
 
 def sha256(data: bytes) -> str:
@@ -32,7 +34,7 @@ def sha256(data: bytes) -> str:
 @dataclass
 class FileState:
     path: str
-    status: str  # PRISTINE, PATCHED, PARTIAL, MODIFIED or MISSING
+    status: str  # PRISTINE, PATCHED, PATCHED_OLDER, PARTIAL, MODIFIED or MISSING
     stage: int  # how many of the series' diffs of this file are applied
     stages: int  # how many diffs of the series touch this file
     pristine_text: str | None = None  # the pristine content, when known
@@ -60,7 +62,9 @@ class TreeState:
             return MODIFIED
         # None (partly applied) is neither applied nor not applied
         if all(applied is True for applied in self.applied.values()):
-            if any(o.status == OLDER for o in self.overlay):
+            if any(o.status == OLDER for o in self.overlay) or any(
+                f.status == PATCHED_OLDER for f in self.files
+            ):
                 return OUTDATED
             return PATCHED
         if all(applied is False for applied in self.applied.values()):
@@ -151,6 +155,15 @@ def _file_state(plan: Plan, path: str) -> FileState:
                 PRISTINE if stage == 0 else PATCHED if stage == len(diffs) else PARTIAL
             )
             return FileState(path, status, stage, len(diffs), candidate)
+    for earlier in history.earlier_diffs(path):
+        try:
+            candidate = text
+            for d in reversed(earlier):
+                candidate = unidiff.apply(candidate, d, reverse=True)
+        except unidiff.DiffError:
+            continue
+        if sha256(candidate.encode("utf-8", errors="surrogateescape")) == pristine:
+            return FileState(path, PATCHED_OLDER, len(diffs), len(diffs), candidate)
     return FileState(
         path, MODIFIED, -1, len(diffs), carries_ours=recipes.carries_ours(text)
     )
@@ -214,7 +227,7 @@ def changes_to_revert(plan: Plan, state: TreeState) -> list[Change]:
             f.pristine_text.encode("utf-8", errors="surrogateescape"),
         )
         for f in state.files
-        if f.status in (PATCHED, PARTIAL)
+        if f.status in (PATCHED, PATCHED_OLDER, PARTIAL)
     ]
     changes += [
         Change(plan.tree.root / o.path, None)
@@ -225,13 +238,31 @@ def changes_to_revert(plan: Plan, state: TreeState) -> list[Change]:
 
 
 def changes_to_upgrade(plan: Plan, state: TreeState) -> list[Change]:
-    """For a tree patched by an earlier version of this tool: its overlay
-    files replaced by this version's."""
-    return [
+    """For a tree patched by an earlier version of this tool: its target
+    files patched by this version's diffs (from their pristine text), its
+    overlay files replaced by this version's."""
+    changes = []
+    for f in state.files:
+        if f.status != PATCHED_OLDER:
+            continue
+        text = f.pristine_text
+        for _, d in plan.diffs_of(f.path):
+            try:
+                text = unidiff.apply(text, d)
+            except unidiff.DiffError as e:
+                raise Refusal(f"{e} to vLLM {plan.pin.version}") from None
+        changes.append(
+            Change(
+                plan.tree.root / f.path,
+                text.encode("utf-8", errors="surrogateescape"),
+            )
+        )
+    changes += [
         Change(plan.tree.root / o.path, plan.overlay_bytes(o.path))
         for o in state.overlay
         if o.status == OLDER
     ]
+    return changes
 
 
 def _read(target: Path, path: str) -> bytes:

@@ -1,14 +1,20 @@
-"""Every version of each overlay file this project ever committed, by sha256
-(data/overlay_history.toml), so that a tree patched by an earlier version of
-the tool is recognised as ours: revert removes those files and apply
-upgrades them.
+"""What earlier versions of this tool wrote into trees, so that a tree
+patched by one is recognised as ours: revert restores the release, apply
+upgrades it.
 
-The data is generated from the git history of vllm_overlay/
-(`python -m xpufakes overlay-history`, `make overlay-history`); a test checks
-that it covers every committed version.
+* every version of each overlay file this project ever committed, by sha256
+  (data/overlay_history.toml);
+* every earlier version of the series' diffs of each target file
+  (data/patch_history.json): a target file is "patched by an earlier
+  version" when reversing one of them gives the release's pristine file.
+
+Both are generated from the git history of vllm_overlay/ and patches/
+(`python -m xpufakes overlay-history`, `make overlay-history`); tests check
+that they cover every committed version.
 """
 
 import hashlib
+import json
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -18,10 +24,12 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib
 
-from . import paths
+from . import paths, unidiff
 
 DATA = Path(__file__).with_name("data") / "overlay_history.toml"
+DIFFS = Path(__file__).with_name("data") / "patch_history.json"
 OVERLAY = "vllm_overlay/"
+PATCHES = "patches/"
 
 
 @cache
@@ -78,6 +86,81 @@ def render(found: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(repo: Path = paths.REPO) -> Path:
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def file_sections(diff: str) -> list[tuple[str, str]]:
+    """(path, text) of each file's section of a patch's diff, in order."""
+    lines = unidiff.lines_of(diff)
+    starts = [
+        i
+        for i in range(len(lines) - 1)
+        if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ ")
+    ]
+    sections = []
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+        text = "".join(lines[start:end])
+        (parsed,) = unidiff.parse(text)
+        if not parsed.creates:
+            sections.append((parsed.path, text))
+    return sections
+
+
+def series_diffs(read, listing: list[str]) -> dict[str, str]:
+    """path -> the series' diffs of that target file, in series order, as
+    one text; read(name) gives a patch's text."""
+    found: dict[str, str] = {}
+    for name in listing:
+        for path, text in file_sections(read(name)):
+            found[path] = found.get(path, "") + text
+    return found
+
+
+def diffs_from_git(repo: Path = paths.REPO) -> dict[str, list[str]]:
+    """path -> each distinct version of the series' diffs of that target
+    file, oldest first, from every commit that touched patches/."""
+    found: dict[str, list[str]] = {}
+    for commit in _git(repo, "log", "--reverse", "--format=%H", "--", PATCHES).split():
+        tree = _git(repo, "ls-tree", "-r", "--name-only", commit, "--", PATCHES)
+        for listing_path in tree.splitlines():
+            if not listing_path.endswith("/series"):
+                continue
+            directory = listing_path.removesuffix("series")
+            listing = _git(repo, "show", f"{commit}:{listing_path}").split()
+
+            def read(name: str, at: str = f"{commit}:{directory}") -> str:
+                return _git(repo, "show", f"{at}{name}")
+
+            for path, text in series_diffs(read, listing).items():
+                versions = found.setdefault(path, [])
+                if text not in versions:
+                    versions.append(text)
+    return found
+
+
+@cache
+def _earlier_diffs() -> dict[str, tuple[list[unidiff.FileDiff], ...]]:
+    if not DIFFS.is_file():
+        return {}
+    data = json.loads(DIFFS.read_text())["files"]
+    return {
+        path: tuple(unidiff.parse(text) for text in texts)
+        for path, texts in data.items()
+    }
+
+
+def earlier_diffs(path: str) -> tuple[list[unidiff.FileDiff], ...]:
+    """Every committed version of the series' diffs of the target file at
+    path (each a list of file diffs in series order)."""
+    return _earlier_diffs().get(path, ())
+
+
+def write(repo: Path = paths.REPO) -> list[Path]:
     DATA.write_text(render(from_git(repo)))
-    return DATA
+    diffs = {"files": diffs_from_git(repo)}
+    DIFFS.write_text(json.dumps(diffs, indent=1, sort_keys=True) + "\n")
+    return [DATA, DIFFS]
