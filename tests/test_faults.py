@@ -489,21 +489,9 @@ def test_kernels_tree_patched_by_an_earlier_series(refs, tmp_path):
     today's patched file, and is recognised: apply upgrades the tree to
     today's patched release, revert restores the pristine one. Negative
     control: the same file with a line changed is modified, and refused."""
-    name = pins.load().get(KERNELS).series
-    listing = _git_show(f"{EARLIER}:patches/{name}/series").decode().split()
 
     def patch_as_then(root: Path) -> None:
-        for entry in listing:
-            text = _git_show(f"{EARLIER}:patches/{name}/{entry}")
-            (tmp_path / entry).write_bytes(text)
-            releases.gnu_patch(root, [tmp_path / entry])
-            for line in text.decode().splitlines():
-                if line.startswith("X-Overlay:"):
-                    path = line.split(":", 1)[1].strip()
-                    (root / path).parent.mkdir(parents=True, exist_ok=True)
-                    (root / path).write_bytes(
-                        _git_show(f"{EARLIER}:vllm_overlay/{path}")
-                    )
+        _patch_as_at(EARLIER, KERNELS, root, tmp_path)
 
     target = "vllm/_xpu_ops.py"
     for verb, end in (("apply", "patched"), ("revert", "pristine")):
@@ -575,6 +563,22 @@ def _git_show(spec: str) -> bytes:
     ).stdout
 
 
+def _patch_as_at(commit: str, release: str, root: Path, scratch: Path) -> None:
+    """Patch the tree at root as this project's series and overlay for the
+    release were at commit."""
+    name = pins.load().get(release).series
+    listing = _git_show(f"{commit}:patches/{name}/series").decode().split()
+    for entry in listing:
+        text = _git_show(f"{commit}:patches/{name}/{entry}")
+        (scratch / entry).write_bytes(text)
+        releases.gnu_patch(root, [scratch / entry])
+        for line in text.decode().splitlines():
+            if line.startswith("X-Overlay:"):
+                path = line.split(":", 1)[1].strip()
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                (root / path).write_bytes(_git_show(f"{commit}:vllm_overlay/{path}"))
+
+
 @pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
 def test_ipex_tree_patched_by_the_first_version(refs, tmp_path):
     """0.10.2 patched as the first committed version of the series and
@@ -587,18 +591,8 @@ def test_ipex_tree_patched_by_the_first_version(refs, tmp_path):
         text=True,
         check=True,
     ).stdout.split()[0]
-    name = pins.load().get(IPEX).series
     root = small_tree.make(IPEX, tmp_path / "tree")
-    listing = _git_show(f"{first}:patches/{name}/series").decode().split()
-    for entry in listing:
-        text = _git_show(f"{first}:patches/{name}/{entry}")
-        (tmp_path / entry).write_bytes(text)
-        releases.gnu_patch(root, [tmp_path / entry])
-        for line in text.decode().splitlines():
-            if line.startswith("X-Overlay:"):
-                path = line.split(":", 1)[1].strip()
-                (root / path).parent.mkdir(parents=True, exist_ok=True)
-                (root / path).write_bytes(_git_show(f"{first}:vllm_overlay/{path}"))
+    _patch_as_at(first, IPEX, root, tmp_path)
     status = tool.run("status", str(root)).stdout
     assert "state: modified" not in status and engine.OLDER in status, status
     result = tool.run("revert", str(root))
