@@ -7,8 +7,13 @@ and reverted byte for byte. Negative controls: an anchor removed and a
 recipe whose result does not conform are refused, the tree unchanged."""
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -566,3 +571,36 @@ def test_ipex_recipe_finds_an_import_moved_into_a_block():
         recipes.edit_ipex_ops(
             moved.replace("import intel_extension_for_pytorch", "import os")
         )
+
+
+def test_ctrl_c_during_the_proof_is_an_interruption(tmp_path):
+    """Ctrl-C reaches the whole process group, so the proof's subprocess dies
+    of it too: the verb says it was interrupted (130), not that the proof
+    failed (1), and the tree is unchanged."""
+    root = releases.copy_of(KERNELS_RELEASE, tmp_path / "tree")
+    with open(root / "vllm" / "_xpu_ops.py", "a") as f:
+        f.write("# a downstream change\n")
+    before = releases.file_hashes(root)
+    env = dict(os.environ, PYTHONPATH=str(tool.SCRIPTS), PYTHONUNBUFFERED="1")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "xpufakes", "apply", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal's job
+    )
+    assert "applying by recipe" in run.stdout.readline()
+    children = Path(f"/proc/{run.pid}/task/{run.pid}/children")
+    deadline = time.monotonic() + 120
+    while not children.read_text().strip():  # the proof has started
+        assert time.monotonic() < deadline and run.poll() is None
+        time.sleep(0.05)
+    time.sleep(1)
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "error: interrupted by SIGINT; nothing changed (every file is as it was)"
+    )
+    assert releases.file_hashes(root) == before

@@ -693,7 +693,14 @@ def _run(args) -> int:
     holding = transaction.held_signals() if args.verb in _HOLDING else _no_hold()
     try:
         with holding as pending:
-            status = args.func(args)
+            try:
+                status = args.func(args)
+            except Refusal as e:
+                if pending and not _Committed.verb and e.status != STRANDED:
+                    # the signal stopped it (e.g. the proof's subprocess got
+                    # the same Ctrl-C), and nothing was changed
+                    raise transaction.Interrupted(pending[0]) from None
+                raise
             sys.stdout.flush()
             if pending and _Committed.verb:
                 name = signal.Signals(pending[0]).name
