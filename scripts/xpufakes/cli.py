@@ -246,11 +246,15 @@ def _apply_by_recipe(found: tree.Tree, base, args) -> int:
     return OK
 
 
-def _apply_on_recipe_state(found: tree.Tree, state: dict, args) -> int:
+def _recipe_header(found: tree.Tree, state: dict) -> None:
     print(
         f"applied by recipe on base {state['base']} (vLLM {state['version']}), "
         f"{found.shape} at {found.root}"
     )
+
+
+def _apply_on_recipe_state(found: tree.Tree, state: dict, args) -> int:
+    _recipe_header(found, state)
     changed = live.changed_since(found, state)
     if changed:
         raise Refusal(
@@ -290,21 +294,11 @@ def _partial_message(state: engine.TreeState) -> str:
     )
 
 
-def _recipe_plan(found: tree.Tree, state_file: dict) -> engine.Plan:
-    pin = pins.load().get(state_file["base"])
-    return engine.Plan(found, pin, series.load(pin.series))
-
-
-def _revert_by_recipe(found: tree.Tree, state_file: dict, args) -> int:
-    print(
-        f"applied by recipe on base {state_file['base']} "
-        f"(vLLM {state_file['version']}), {found.shape} at {found.root}"
-    )
+def _revert_by_recipe(found: tree.Tree, state_file: dict) -> int:
+    _recipe_header(found, state_file)
     changes = live.changes_to_revert(found, state_file)
-    if args.dry_run:
-        print("would restore the pre-apply files; nothing changed")
-        return OK
-    plan = _recipe_plan(found, state_file)
+    pin = pins.load().get(state_file["base"])
+    plan = engine.Plan(found, pin, series.load(pin.series))
     _sweep(plan, changes)
     _commit(changes, plan, "reverted", "the tree was as it was before apply")
     for change in changes:
@@ -316,14 +310,13 @@ def _revert_by_recipe(found: tree.Tree, state_file: dict, args) -> int:
 
 def cmd_revert(args) -> int:
     found = _locate(args.vllm)
-    with lock.tree_lock(found.root, exclusive=not args.dry_run):
+    with lock.tree_lock(found.root):
         state_file = live.read_state(found)
         if state_file is not None:
-            return _revert_by_recipe(found, state_file, args)
+            return _revert_by_recipe(found, state_file)
         plan, where = _plan(args.vllm, found)
         print(f"{where} -> series {plan.series.name}")
-        if not args.dry_run:
-            _sweep(plan)
+        _sweep(plan)
         state = engine.inspect(plan)
         engine.refuse_if_modified(plan, state, reverting=True)
         if args.patches:
@@ -332,7 +325,7 @@ def cmd_revert(args) -> int:
             if not chosen:
                 print("not applied; nothing changed")
                 return OK
-            _reach(plan, state, applied - set(chosen), chosen, "revert", args.dry_run)
+            _reach(plan, state, applied - set(chosen), chosen, "revert", False)
             return OK
         changes = engine.changes_to_revert(plan, state)
         if not changes:
@@ -389,10 +382,7 @@ def cmd_status(args) -> int:
 
 def _status_by_recipe(found: tree.Tree, state: dict) -> int:
     pin = pins.load().get(state["base"])
-    print(
-        f"applied by recipe on base {pin.version} (vLLM {state['version']}), "
-        f"{found.shape} at {found.root}"
-    )
+    _recipe_header(found, state)
     print(f"patches: {', '.join(state['patches'])} ({live.STATE_FILE})")
     files = live.file_states(found, state, pin.files)
     for path, status in files.items():
