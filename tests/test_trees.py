@@ -604,3 +604,49 @@ def test_ctrl_c_during_the_proof_is_an_interruption(tmp_path):
         "error: interrupted by SIGINT; nothing changed (every file is as it was)"
     )
     assert releases.file_hashes(root) == before
+
+
+def test_recipe_apply_that_cannot_be_undone_says_how_to_finish(
+    tmp_path, monkeypatch, capsys
+):
+    """No real fault makes a rename back fail, so os.rename fails on the first
+    added overlay file and os.replace on putting vllm/_xpu_ops.py back: exit
+    4, and the last line says what is true on the recipe path (the rollback
+    removed the state file, so not `make revert`) and where the original is."""
+    from xpufakes import cli, transaction
+
+    root = releases.copy_of(KERNELS_RELEASE, tmp_path / "tree")
+    target = root / "vllm" / "_xpu_ops.py"
+    with open(target, "a") as f:
+        f.write("# a downstream change\n")
+    original = target.read_bytes()
+    real_rename, real_replace = os.rename, os.replace
+    renames, replaces = [], []
+
+    def failing_rename(src, dst):
+        renames.append(dst)
+        if str(dst).endswith("_xpu_gemm_fakes.py"):
+            raise OSError(28, "No space left on device", str(dst))
+        return real_rename(src, dst)
+
+    def failing_replace(src, dst):
+        replaces.append(dst)
+        if len(replaces) == 2:
+            raise OSError(5, "Input/output error", str(dst))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(transaction.os, "rename", failing_rename)
+    monkeypatch.setattr(transaction.os, "replace", failing_replace)
+    status = cli.main(["apply", str(root), "--no-proof"])
+    monkeypatch.setattr(transaction.os, "rename", real_rename)
+    monkeypatch.setattr(transaction.os, "replace", real_replace)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 4, err
+    assert "vllm/_xpu_ops.py is changed, its original is kept as" in err
+    assert err.endswith(
+        "nothing in the tree records the apply, so `make revert` cannot"
+    )
+    kept = err.split("its original is kept as ", 1)[1].split(" (", 1)[0]
+    backup = root / kept
+    assert backup.read_bytes() == original
+    assert not (root / "vllm" / ".xpufakes-state.json").exists()

@@ -124,8 +124,7 @@ def _commit(
         leftovers = transaction.commit(changes, plan.tree.root)
     except transaction.Stranded as e:
         raise Refusal(
-            f"{e}; every other file is as before; run `make revert "
-            f"VLLM={plan.tree.root}` to restore the pristine release",
+            f"{e}; every other file is as before; {_finish(changes, plan)}",
             status=STRANDED,
         ) from None
     except OSError as e:
@@ -139,6 +138,20 @@ def _commit(
             "revert removes it",
             file=sys.stderr,
         )
+
+
+def _finish(changes: list[transaction.Change], plan: engine.Plan) -> str:
+    """The command that finishes a change that could not be undone."""
+    root = plan.tree.root
+    command = f"run `make revert VLLM={root}`"
+    if all(c.path != root / live.STATE_FILE for c in changes):
+        return f"{command} to restore the pristine release"
+    if (root / live.STATE_FILE).is_file():
+        return f"{command} to restore every file as it was before apply"
+    return (
+        "put each original back from where it is kept (named above): "
+        "nothing in the tree records the apply, so `make revert` cannot"
+    )
 
 
 def _sweep(plan: engine.Plan, changes: list[transaction.Change] = ()) -> None:

@@ -230,15 +230,17 @@ def by_recipe(
         },
         "added": {p: sha256(data) for p, data in added.items()},
     }
-    changes = [Change(found.root / p, new) for p, (_, new) in edited.items()]
-    changes += [Change(found.root / p, d, mode=0o644) for p, d in added.items()]
-    changes.append(
+    # the state file first: it is in place before any file changes (and, in a
+    # rollback, goes last), so `revert` can finish an apply that failed midway
+    changes = [
         Change(
             found.root / STATE_FILE,
             (json.dumps(state, indent=1) + "\n").encode(),
             mode=0o644,
         )
-    )
+    ]
+    changes += [Change(found.root / p, new) for p, (_, new) in edited.items()]
+    changes += [Change(found.root / p, d, mode=0o644) for p, d in added.items()]
     return RecipeResult(changes, edited, added, names, mixed, state)
 
 
