@@ -111,13 +111,9 @@ def _nearest(candidates: list[pins.Pin], release: tuple[int, ...]) -> pins.Pin:
     return below[-1] if below else candidates[0]
 
 
-def _series_fits(found: Tree, pin: pins.Pin) -> bool:
-    """Whether the target files are the pin's, pristine or patched (what
-    sits at the overlay paths is the series path's to judge)."""
-    return _differing(found, pin) == []
-
-
 def _differing(found: Tree, pin: pins.Pin) -> list[str]:
+    """The target files that are not the pin's, pristine or patched (what
+    sits at the overlay paths is the series path's to judge)."""
     plan = engine.Plan(found, pin, series.load(pin.series))
     state = engine.inspect(plan)
     return [
@@ -125,15 +121,28 @@ def _differing(found: Tree, pin: pins.Pin) -> list[str]:
     ]
 
 
-def _refuse_other_release(found: Tree, pin: pins.Pin) -> None:
+def _matching_releases(found: Tree, exclude: str) -> list[str]:
+    """The other pinned releases whose target files this tree holds."""
+    matches = []
+    for version, pin in pins.load().releases.items():
+        if version == exclude:
+            continue
+        try:
+            if not _differing(found, pin):
+                matches.append(version)
+        except Refusal:
+            continue
+    return matches
+
+
+def _refuse_other_release(found: Tree, pin: pins.Pin, differing: list[str]) -> None:
     """A tree that says it is one pinned release while none of its target
     files is that release's and they are another's (a wrong VLLM_VERSION, a
     stale version file) is refused, not taken by recipe as a modified
     release."""
-    differing = _differing(found, pin)
     if len(differing) < len(series.load(pin.series).targets):
         return  # some are the release's: a modified release
-    others = engine.matching_releases(found, exclude=pin.version)
+    others = _matching_releases(found, exclude=pin.version)
     if others:
         raise Refusal(
             f"this tree is not vLLM {pin.version}: {', '.join(differing)} match "
@@ -147,9 +156,10 @@ def detect_base(found: Tree) -> Base:
     version, source, distance = _reported_version(found)
     pin = all_pins.releases.get(version)
     if pin is not None and distance is None:
-        fits = _series_fits(found, pin)
+        differing = _differing(found, pin)
+        fits = not differing
         if not fits:
-            _refuse_other_release(found, pin)
+            _refuse_other_release(found, pin, differing)
         why = "" if fits else "; its files are modified: applying by recipe"
         return Base(
             version,
@@ -197,7 +207,7 @@ def detect_base(found: Tree) -> Base:
         ),
     )
     for pin in same_era:
-        if _series_fits(found, pin):
+        if not _differing(found, pin):
             if pin is not candidate:
                 how = "the pinned release whose files these are (sha256)"
             return Base(

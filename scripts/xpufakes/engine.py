@@ -363,21 +363,3 @@ def changes_to_reach(plan: Plan, state: TreeState, keep: set[str]) -> list[Chang
         elif not wanted and o.status == OURS:
             changes.append(Change(plan.tree.root / o.path, None))
     return changes
-
-
-def matching_releases(found: Tree, exclude: str = "") -> list[str]:
-    """The pinned releases whose files this tree holds, pristine or patched."""
-    from . import pins, series
-
-    matches = []
-    for version, pin in pins.load().releases.items():
-        if version == exclude:
-            continue
-        try:
-            plan = Plan(found, pin, series.load(pin.series))
-            state = inspect(plan)
-        except Refusal:
-            continue
-        if not any(f.status in (MODIFIED, MISSING) for f in state.files):
-            matches.append(version)
-    return matches
