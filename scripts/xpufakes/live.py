@@ -17,13 +17,13 @@ restores the exact pre-apply bytes from it, refusing a file changed since.
 """
 
 import base64
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import recipes, series
 from .base import IPEX, Base
+from .engine import sha256
 from .errors import Refusal
 from .transaction import Change
 from .tree import Tree
@@ -39,15 +39,11 @@ APPLIED, APPLIED_MODIFIED, CHANGED, NOT_APPLIED = (
 )
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="surrogateescape")
 
 
-def _bytes(text: str) -> str:
+def _bytes(text: str) -> bytes:
     return text.encode("utf-8", errors="surrogateescape")
 
 
