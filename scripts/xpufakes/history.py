@@ -49,15 +49,10 @@ def from_git(repo: Path = paths.REPO) -> dict[str, list[str]]:
     """path -> sha256 of each version, oldest first, from every commit that
     touched vllm_overlay/."""
 
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-        ).stdout
-
     found: dict[str, list[str]] = {}
-    commits = git("log", "--reverse", "--format=%H", "--", OVERLAY).split()
+    commits = _git(repo, "log", "--reverse", "--format=%H", "--", OVERLAY).split()
     for commit in commits:
-        for line in git("ls-tree", "-r", commit, "--", OVERLAY).splitlines():
+        for line in _git(repo, "ls-tree", "-r", commit, "--", OVERLAY).splitlines():
             meta, _, name = line.partition("\t")
             blob = meta.split()[2]
             data = subprocess.run(
