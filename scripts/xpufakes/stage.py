@@ -29,7 +29,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import live, prtext, recipes, series, transaction, tree, treechecks, upstream
+from . import (
+    base,
+    live,
+    prtext,
+    recipes,
+    series,
+    transaction,
+    tree,
+    treechecks,
+    upstream,
+)
 from .errors import Refusal
 
 
@@ -44,17 +54,17 @@ def _git(root: Path, *args: str, check: bool = True) -> str:
 
 
 def era_of_tree(root: Path) -> str:
-    """The era from the tree's contents, not from its version."""
+    """The era from the tree's contents, not from its version (base.py's
+    rule); a kernels-era tree must still have vLLM's `_xpu_C` GEMM fakes."""
     if (root / recipes.FAKES_MODULE).exists():
         raise Refusal(f"{root} already has {recipes.FAKES_MODULE}; nothing to stage")
-    xpu_ops = root / "vllm" / "_xpu_ops.py"
-    if xpu_ops.is_file():
-        body = ast.parse(xpu_ops.read_text()).body
+    era, _ = base.files_era(root)
+    if era == base.KERNELS:
+        body = ast.parse((root / "vllm" / "_xpu_ops.py").read_text()).body
         if any(recipes._xpu_c_gemm_guard(node) for node in body):
-            return "kernels"
-    ipex_ops = root / "vllm" / "_ipex_ops.py"
-    if ipex_ops.is_file() and "intel_extension_for_pytorch" in ipex_ops.read_text():
-        return "ipex"
+            return era
+    elif era == base.IPEX:
+        return era
     raise Refusal(
         f"{root}: neither vllm/_xpu_ops.py with `if hasattr(torch.ops._xpu_C, "
         "<gemm>)` fakes nor vllm/_ipex_ops.py importing IPEX; nothing to stage"
