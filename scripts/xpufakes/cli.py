@@ -116,9 +116,13 @@ class _Committed:
 
 
 def _commit(
-    changes: list[transaction.Change], plan: engine.Plan, verb: str, state: str
+    changes: list[transaction.Change],
+    plan: engine.Plan,
+    verb: str,
+    state: str,
+    rows: dict | None = None,
 ) -> None:
-    changes = record.with_record(plan.tree.root, changes)
+    changes = record.with_record(plan.tree.root, changes, rows)
     transaction.writable_or_refuse(changes, plan.tree.root)
     try:
         leftovers = transaction.commit(changes, plan.tree.root)
@@ -313,7 +317,13 @@ def _revert_by_recipe(found: tree.Tree, state_file: dict) -> int:
     pin = pins.load().get(state_file["base"])
     plan = engine.Plan(found, pin, series.load(pin.series))
     _sweep(plan, changes)
-    _commit(changes, plan, "reverted", "the tree was as it was before apply")
+    _commit(
+        changes,
+        plan,
+        "reverted",
+        "the tree was as it was before apply",
+        state_file.get("record"),
+    )
     for change in changes:
         rel = change.path.relative_to(found.root)
         print(f"  {rel}: {'removed' if change.data is None else 'restored'}")

@@ -10,7 +10,8 @@ file, vllm/.xpufakes-state.json, that records what apply did:
      "patches": [<patch names>], "recipes_sha256": "<of recipes.py>",
      "files": {"<path>": {"before_sha256": ..., "after_sha256": ...,
                           "before": "<the pre-apply bytes, base64>"}},
-     "added": {"<path>": "<sha256>"}}
+     "added": {"<path>": "<sha256>"},
+     "record": {"<an installed wheel's RECORD>": {"<path>": "<its row>" | null}}}
 
 `status` reads it ("applied by recipe on a modified file"), `revert`
 restores the exact pre-apply bytes from it, refusing a file changed since.
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import recipes, series
+from . import recipes, record, series
 from .base import IPEX, Base
 from .engine import sha256
 from .errors import Refusal
@@ -225,6 +226,8 @@ def by_recipe(
             for p, (old, new) in edited.items()
         },
         "added": {p: sha256(data) for p, data in added.items()},
+        # an installed wheel's RECORD rows as they were, for revert
+        "record": record.rows_before(found.root, [STATE_FILE, *edited, *added]),
     }
     # the state file first: it is in place before any file changes (and, in a
     # rollback, goes last), so `revert` can finish an apply that failed midway
