@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from support import releases, tool
+from support import releases, small_tree, tool
 from xpufakes import base, proof, tree
 
 IPEX_RELEASE, KERNELS_RELEASE = "0.14.1", "0.33.0"
@@ -609,6 +609,78 @@ def test_status_and_revert_of_a_tree_applied_by_recipe(tmp_path):
     assert tool.run("revert", str(root)).returncode == 0
     assert ops.read_bytes() == original
     assert not (root / "vllm" / ".xpufakes-state.json").exists()
+
+
+def _small_recipe_tree(path):
+    """0.14.1's files the tool reads and writes, one of them changed
+    downstream: apply takes the recipe path (without the proof: not what
+    these tests are about)."""
+    root = small_tree.make(IPEX_RELEASE, path)
+    with open(root / "vllm" / "_ipex_ops.py", "a") as f:
+        f.write("# a downstream change\n")
+    return root
+
+
+def test_patches_revert_on_a_tree_applied_by_recipe(tmp_path):
+    """Revert by recipe restores each file's bytes from before every patch:
+    PATCHES= naming only some of those applied is refused with what to do
+    instead (before issue 16 it was ignored and every patch reverted)."""
+    root = _small_recipe_tree(tmp_path / "tree")
+    before = _hashes(root)
+    assert tool.run("apply", str(root), "--no-proof").returncode == 0
+    _refused_unchanged(
+        root,
+        ("revert", str(root), "--patches", "0002"),
+        "0001-xpu-register-fakes-for-ipex-gemms.patch, "
+        "0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch applied by recipe",
+        "to keep 0001-xpu-register-fakes-for-ipex-gemms.patch, run `make revert`, "
+        "then `make apply PATCHES='0001'`; nothing changed",
+    )
+    result = tool.run("revert", str(root), "--patches", "0001,0002")
+    assert result.returncode == 0, result.stderr
+    assert _hashes(root) == before
+
+    assert (
+        tool.run("apply", str(root), "--no-proof", "--patches", "0001").returncode == 0
+    )
+    applied = _hashes(root)
+    result = tool.run("revert", str(root), "--patches", "0002")
+    assert result.returncode == 0 and "not applied; nothing changed" in result.stdout
+    assert _hashes(root) == applied
+    assert tool.run("revert", str(root), "--patches", "0001").returncode == 0
+    assert _hashes(root) == before
+
+
+@pytest.mark.parametrize("undo", ["target-checked-out", "added-file-removed"])
+def test_apply_on_a_tree_applied_by_recipe_whose_change_is_undone(tmp_path, undo):
+    """A changed file back at its pre-apply bytes (`git checkout` of it), or
+    an added file removed: the fakes are not all in place, so apply does not
+    say `already applied` (it did before issue 16) but refuses, saying what
+    to do, status says the tree is partly applied, and revert restores the
+    tree as it was before apply."""
+    root = _small_recipe_tree(tmp_path / "tree")
+    target = root / "vllm" / "_ipex_ops.py"
+    pre_apply, before = target.read_bytes(), _hashes(root)
+    assert tool.run("apply", str(root), "--no-proof").returncode == 0
+    if undo == "target-checked-out":
+        target.write_bytes(pre_apply)
+        undone = "vllm/_ipex_ops.py"
+    else:
+        (root / "vllm" / "_xpu_gemm_fakes.py").unlink()
+        undone = "vllm/_xpu_gemm_fakes.py"
+    _refused_unchanged(
+        root,
+        ("apply", str(root)),
+        f"applied by recipe, but {undone} not: back at the pre-apply bytes or "
+        "removed since, so the fakes are not all in place; run `make revert "
+        f"VLLM={root}`, then apply again; nothing changed",
+    )
+    status = tool.run("status", str(root)).stdout
+    assert f"  {undone}: not applied" in status
+    assert f"state: partly applied by recipe ({undone}: not applied)" in status
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stderr
+    assert _hashes(root) == before
 
 
 def test_patches_selects_part_of_the_series(tmp_path):
