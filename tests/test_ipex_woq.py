@@ -19,7 +19,7 @@ import torch
 
 from support import releases, standins
 from xpufakes import loading, paths
-from xpufakes.authoring import version_tuple
+from xpufakes.pins import version_tuple
 
 TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
 PROBE = Path(__file__).parent / "support" / "woq_probe.py"

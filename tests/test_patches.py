@@ -24,9 +24,9 @@ def test_every_series_is_used_and_every_pin_has_one():
     on_disk = {p.parent.name for p in paths.PATCHES.glob("*/series")}
     assert on_disk == set(_series_names())
     for version, pin in pins.load().releases.items():
-        assert pin.series.split("-")[0] == recipes.era_of(
-            authoring.version_tuple(version)
-        ), version
+        assert pin.series.split("-")[0] == pins.era_of(pins.version_tuple(version)), (
+            version
+        )
         assert pin.files, version
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from support import releases, small_tree, tool
-from xpufakes import base, proof, tree
+from xpufakes import base, ops, tree
 
 IPEX_RELEASE, KERNELS_RELEASE = "0.14.1", "0.33.0"
 QUANT = "vllm/model_executor/layers/quantization"
@@ -288,7 +288,7 @@ def _audit_ours(target) -> dict[str, str]:
     return {
         op["op"]: op["verdict"]
         for op in report["ops"]
-        if proof.is_ours(op["op"]) and op["verdict"] != "not traced"
+        if ops.is_ours(op["op"]) and op["verdict"] != "not traced"
     }
 
 
@@ -742,7 +742,7 @@ def test_apply_without_vllm_patches_the_vllm_python_imports(tmp_path):
 def test_detect_base(files, version, expected, why, monkeypatch):
     monkeypatch.setenv("VLLM_VERSION", version)
     found = tree.locate(str(releases.pristine(files)))
-    detected = tree.detect_base(found)
+    detected = base.detect_base(found)
     assert isinstance(detected, base.Base)
     assert detected.pin.version == expected, detected.reason
     assert why in detected.reason
@@ -752,7 +752,7 @@ def test_detect_base(files, version, expected, why, monkeypatch):
 def test_detect_base_refuses_a_release_we_do_not_pin(monkeypatch):
     monkeypatch.setenv("VLLM_VERSION", "0.15.1")
     with pytest.raises(Exception, match="0.15.1 is not a supported release"):
-        tree.detect_base(tree.locate(str(releases.pristine("0.16.0"))))
+        base.detect_base(tree.locate(str(releases.pristine("0.16.0"))))
 
 
 def test_ipex_recipe_finds_an_import_moved_into_a_block():

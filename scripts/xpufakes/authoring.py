@@ -17,8 +17,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fetch, paths, pins, recipes, unidiff
+from . import fetch, kernels, paths, pins, recipes, unidiff
 from .errors import Refusal
+from .pins import version_tuple
 
 FIRST, LAST = (0, 10, 0), (0, 33, 0)
 NOT_NEEDED_REASON = (
@@ -29,19 +30,13 @@ SIGNED_OFF_BY = (
 )
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
-
-
 def index_sdists() -> dict[str, str]:
     """release -> sha256 of its sdist, for the releases between FIRST and LAST."""
     page = fetch.index_url().rstrip("/") + "/vllm/"
     request = urllib.request.Request(
         page, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
-    with urllib.request.urlopen(
-        request, timeout=120, context=fetch._ssl_context()
-    ) as r:
+    with urllib.request.urlopen(request, timeout=120, context=fetch.ssl_context()) as r:
         files = json.loads(r.read())["files"]
     found = {}
     for f in files:
@@ -59,7 +54,7 @@ class Variant:
 
     @property
     def series(self) -> str:
-        return f"{self.era}-{self.releases[0]}"
+        return pins.series_name(self.era, self.releases[0])
 
 
 def release_diffs(era: str, tree: Path) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -70,34 +65,29 @@ def release_diffs(era: str, tree: Path) -> tuple[tuple[str, ...], dict[str, str]
     for recipe in recipes.RECIPES[era]:
         diff = ""
         for edit in recipe.edits:
-            path = tree / edit.target
-            if not path.is_file():
-                if edit.required:
-                    raise Refusal(f"{tree.name}: {edit.target} is missing")
-                continue
-            raw = path.read_bytes()
-            pristine = raw.decode("utf-8", errors="surrogateescape")
-            try:
-                diff += unidiff.unified(pristine, edit.edit(pristine), edit.target)
-            except recipes.RecipeError as e:
-                raise Refusal(f"{tree.name}: {edit.target}: {e}") from None
-            hashes[edit.target] = hashlib.sha256(raw).hexdigest()
+            for target, required in edit.files:
+                path = tree / target
+                if not path.is_file():
+                    if required:
+                        raise Refusal(f"{tree.name}: {target} is missing")
+                    continue
+                raw = path.read_bytes()
+                pristine = raw.decode("utf-8", errors="surrogateescape")
+                try:
+                    diff += unidiff.unified(pristine, edit.edit(pristine), target)
+                except recipes.RecipeError as e:
+                    raise Refusal(f"{tree.name}: {target}: {e}") from None
+                hashes[target] = hashlib.sha256(raw).hexdigest()
         diffs.append(diff)
     return tuple(diffs), hashes
 
 
 def _kernels(tree: Path) -> str:
     """The XPU kernel package pinned by requirements/xpu.txt."""
-    text = (tree / "requirements" / "xpu.txt").read_text()
-    match = re.search(r"vllm[_-]xpu[_-]kernels(?:==|.*?-)(\d+(?:\.\d+)+)", text)
-    if match:
-        return f"vllm-xpu-kernels {match.group(1)}"
-    match = re.search(
-        r"intel[_-]extension[_-]for[_-]pytorch(?:==|.*?-)([\w.]+?)(?:%2B|\+)xpu", text
-    )
-    if match:
-        return f"intel-extension-for-pytorch {match.group(1)}+xpu"
-    raise Refusal(f"{tree}/requirements/xpu.txt names no XPU kernel package")
+    found = kernels.from_requirements((tree / "requirements" / "xpu.txt").read_text())
+    if found is None or not found.split(" ", 1)[1][0].isdigit():
+        raise Refusal(f"{tree}/requirements/xpu.txt names no XPU kernel package")
+    return found
 
 
 def _normalized(diff: str) -> str:
@@ -111,7 +101,7 @@ def refresh(date: str | None = None) -> list[Variant]:
     entries = {}
     not_needed = []
     for version, index_sha in sdists.items():
-        era = recipes.era_of(version_tuple(version))
+        era = pins.era_of(version_tuple(version))
         if era is None:
             not_needed.append(version)
             continue

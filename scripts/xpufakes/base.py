@@ -18,7 +18,7 @@ or ``vllm/_ipex_ops.py`` importing IPEX and no ``_xpu_ops.py`` (the IPEX
 era). A version whose base is of the other era is moved to the nearest
 pinned release of the files' era. Then, if the tree's files are a pinned
 release's (pristine or patched, sha256), that release's series applies as
-is; otherwise the recipes run on the files as they are (live.py).
+is; otherwise the recipes run on the files as they are (recipe_path.py).
 """
 
 import re
@@ -26,11 +26,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, pins, recipes, series
+from . import engine, pins, series
 from .errors import Refusal
-from .tree import CHECKOUT, Tree, detect_version
-
-IPEX, KERNELS = "ipex", "kernels"
+from .pins import IPEX, KERNELS, version_tuple  # noqa: F401 - for stage
+from .tree import CHECKOUT, Tree, detect_version, files_era  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,6 @@ class Base:
         return not self.series_fits
 
 
-def version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split("."))
-
-
 _VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(.*)$")
 
 
@@ -60,20 +55,6 @@ def _split(version: str) -> tuple[tuple[int, ...], str]:
     if not match:
         raise Refusal(f"cannot read vLLM version {version!r}; set VLLM_VERSION")
     return version_tuple(match.group(1)), match.group(2)
-
-
-def files_era(root: Path) -> tuple[str | None, str]:
-    """(era, why) from the files: which of the XPU op modules exist, and
-    what they contain."""
-    xpu_ops = root / "vllm" / "_xpu_ops.py"
-    ipex_ops = root / "vllm" / "_ipex_ops.py"
-    if xpu_ops.is_file():
-        return KERNELS, "vllm/_xpu_ops.py exists"
-    if ipex_ops.is_file() and "intel_extension_for_pytorch" in ipex_ops.read_text(
-        errors="replace"
-    ):
-        return IPEX, "vllm/_ipex_ops.py imports IPEX, no vllm/_xpu_ops.py"
-    return None, "neither vllm/_xpu_ops.py nor an IPEX-importing vllm/_ipex_ops.py"
 
 
 def git_describe(root: Path) -> tuple[str, int] | None:
@@ -107,15 +88,14 @@ def _reported_version(found: Tree) -> tuple[str, str, int | None]:
 
 def _nearest(candidates: list[pins.Pin], release: tuple[int, ...]) -> pins.Pin:
     """The newest candidate not above `release`, else the oldest."""
-    below = [p for p in candidates if version_tuple(p.version) <= release]
+    below = [p for p in candidates if p.release <= release]
     return below[-1] if below else candidates[0]
 
 
 def _differing(found: Tree, pin: pins.Pin) -> list[str]:
     """The target files that are not the pin's, pristine or patched (what
     sits at the overlay paths is the series path's to judge)."""
-    plan = engine.Plan(found, pin, series.load(pin.series))
-    state = engine.inspect(plan)
+    state = engine.inspect(engine.Plan(found, pin, series.load(pin.series)))
     return [
         f.path for f in state.files if f.status in (engine.MODIFIED, engine.MISSING)
     ]
@@ -164,7 +144,7 @@ def detect_base(found: Tree) -> Base:
         return Base(
             version,
             pin,
-            pin.series.split("-")[0],
+            pin.era,
             True,
             fits,
             f"vLLM {version} ({source}){why}",
@@ -172,11 +152,11 @@ def detect_base(found: Tree) -> Base:
     if version in all_pins.not_needed:
         all_pins.get(version)  # refuses: needs no patch
     release, suffix = _split(version)
-    ordered = sorted(all_pins.releases.values(), key=lambda p: version_tuple(p.version))
-    newest = version_tuple(ordered[-1].version)
+    ordered = all_pins.ordered()
+    newest = ordered[-1].release
     if not suffix and distance is None and release <= newest:
         all_pins.get(version)  # a release in the pinned range we do not pin
-    if recipes.era_of(release) is None:
+    if pins.era_of(release) is None:
         raise Refusal(
             f"vLLM {version} ({source}) is older than 0.10.2: "
             + next(iter(all_pins.not_needed.values()), "it needs no patch")
@@ -193,14 +173,12 @@ def detect_base(found: Tree) -> Base:
         kind = "unreleased (newer than every pinned release)"
     candidate = exact or _nearest(ordered, release)
     how = "its release" if exact else "the nearest pinned release below it"
-    if candidate.series.split("-")[0] != era:
-        candidate = _nearest(
-            [p for p in ordered if p.series.startswith(era + "-")], release
-        )
+    if candidate.era != era:
+        candidate = _nearest(all_pins.ordered(era), release)
         how = f"the nearest pinned {era}-era release ({era_why})"
     # the files' fingerprints: a pinned release of the era whose files these are
     same_era = sorted(
-        (p for p in ordered if p.series.startswith(era + "-")),
+        all_pins.ordered(era),
         key=lambda p: (
             p is not candidate,
             abs(ordered.index(p) - ordered.index(candidate)),

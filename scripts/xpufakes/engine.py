@@ -1,5 +1,7 @@
-"""What a series does to a tree: its state, and the changes that apply or
-revert it. Everything is computed in memory; nothing here writes files."""
+"""What a series does to a tree: its state, and the changes that leave a
+chosen set of its patches applied (all of them: apply, an upgrade of a tree
+patched by an earlier version; none: revert; some: PATCHES=). Everything is
+computed in memory; nothing here writes files."""
 
 import hashlib
 import os
@@ -10,6 +12,7 @@ from . import history, recipes, unidiff
 from .errors import Refusal
 from .pins import Pin
 from .series import Patch, Series, overlay_source
+from .series import load as load_series
 from .transaction import Change
 from .tree import Tree
 
@@ -79,19 +82,22 @@ class Plan:
     tree: Tree
     pin: Pin
     series: Series
-    overlay_root: Path | None = None
+
+    @classmethod
+    def of(cls, found: Tree, pin: Pin) -> "Plan":
+        """The tree as the release `pin`, with its series."""
+        return cls(found, pin, load_series(pin.series))
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.series.patches]
 
     def overlay_paths(self, patch: Patch) -> list[str]:
-        """The overlay files this tree receives (no tests/ files for an
-        installed package, which has no tests tree)."""
-        return [
-            p
-            for p in patch.overlay
-            if not p.startswith("tests/") or self.tree.has_tests
-        ]
+        """The overlay files this tree receives (Tree.receives)."""
+        return [p for p in patch.overlay if self.tree.receives(p)]
 
     def overlay_bytes(self, path: str) -> bytes:
-        source = overlay_source(path, self.overlay_root)
+        source = overlay_source(path)
         if not source.is_file():
             raise Refusal(f"overlay file {path} is missing from {source.parent}")
         return source.read_bytes()
@@ -195,76 +201,6 @@ def _patch_applied(plan: Plan, patch: Patch, state: TreeState) -> bool | None:
     return None
 
 
-def changes_to_apply(plan: Plan, state: TreeState) -> list[Change]:
-    """The changes that take a pristine tree to a patched one."""
-    texts = {f.path: f.pristine_text for f in state.files}
-    new_files: list[str] = []
-    for patch in plan.series.patches:
-        for d in patch.file_diffs:
-            try:
-                texts[d.path] = unidiff.apply(texts[d.path], d)
-            except unidiff.DiffError as e:
-                raise Refusal(f"{patch.name}: {e} to vLLM {plan.pin.version}") from None
-        new_files += plan.overlay_paths(patch)
-    changes = [
-        Change(plan.tree.root / path, text.encode("utf-8", errors="surrogateescape"))
-        for path, text in texts.items()
-    ]
-    changes += [
-        Change(plan.tree.root / path, plan.overlay_bytes(path), mode=0o644)
-        for path in new_files
-    ]
-    return changes
-
-
-def changes_to_revert(plan: Plan, state: TreeState) -> list[Change]:
-    """The changes that take a tree at any stage of the series back to the
-    pristine release: each file to its pristine text, our overlay files
-    removed."""
-    changes = [
-        Change(
-            plan.tree.root / f.path,
-            f.pristine_text.encode("utf-8", errors="surrogateescape"),
-        )
-        for f in state.files
-        if f.status in (PATCHED, PATCHED_OLDER, PARTIAL)
-    ]
-    changes += [
-        Change(plan.tree.root / o.path, None)
-        for o in state.overlay
-        if o.status in (OURS, OLDER)
-    ]
-    return changes
-
-
-def changes_to_upgrade(plan: Plan, state: TreeState) -> list[Change]:
-    """For a tree patched by an earlier version of this tool: its target
-    files patched by this version's diffs (from their pristine text), its
-    overlay files replaced by this version's."""
-    changes = []
-    for f in state.files:
-        if f.status != PATCHED_OLDER:
-            continue
-        text = f.pristine_text
-        for _, d in plan.diffs_of(f.path):
-            try:
-                text = unidiff.apply(text, d)
-            except unidiff.DiffError as e:
-                raise Refusal(f"{e} to vLLM {plan.pin.version}") from None
-        changes.append(
-            Change(
-                plan.tree.root / f.path,
-                text.encode("utf-8", errors="surrogateescape"),
-            )
-        )
-    changes += [
-        Change(plan.tree.root / o.path, plan.overlay_bytes(o.path))
-        for o in state.overlay
-        if o.status == OLDER
-    ]
-    return changes
-
-
 def _read(target: Path, path: str) -> bytes:
     try:
         return target.read_bytes()
@@ -328,32 +264,36 @@ def refuse_if_modified(plan: Plan, state: TreeState, reverting: bool = False) ->
         raise Refusal("; ".join(problems) + "; nothing changed")
 
 
-def changes_to_reach(plan: Plan, state: TreeState, keep: set[str]) -> list[Change]:
-    """The changes that leave exactly the patches in `keep` applied (PATCHES=):
-    each file is its pristine text plus this version's diffs of the kept
-    patches, the kept patches' overlay files are this version's, the others'
-    removed (an earlier version's too). Files that would not change are left
-    alone."""
-    texts = {f.path: f.pristine_text for f in state.files if f.pristine_text}
-    by_path = {f.path: f for f in state.files}
+def changes_to(plan: Plan, state: TreeState, keep: set[str]) -> list[Change]:
+    """The changes that leave exactly the patches in `keep` applied, this
+    version's: each target file is its pristine text plus the kept patches'
+    diffs, the kept patches' overlay files are this version's, the others'
+    are absent (an earlier version's too). Files already so are left alone.
+    Target files first, in the series' order, then the overlay files."""
+    texts = {
+        f.path: f.pristine_text for f in state.files if f.pristine_text is not None
+    }
+    skipped = False  # a patch before the one applied is not kept
     for patch in plan.series.patches:
         if patch.name not in keep:
+            skipped = True
             continue
         for d in patch.file_diffs:
             try:
                 texts[d.path] = unidiff.apply(texts[d.path], d)
-            except (KeyError, unidiff.DiffError):
+            except (KeyError, unidiff.DiffError) as e:
+                if skipped:
+                    raise Refusal(
+                        f"{patch.name} does not apply without the patches before "
+                        f"it to {d.path}; nothing changed"
+                    ) from None
                 raise Refusal(
-                    f"{patch.name} does not apply without the patches before it "
-                    f"to {d.path}; nothing changed"
+                    f"{patch.name}: {e} to vLLM {plan.pin.version}; nothing changed"
                 ) from None
     changes = []
     for path, text in texts.items():
         data = text.encode("utf-8", errors="surrogateescape")
-        if (
-            by_path[path].status != MISSING
-            and data != (plan.tree.root / path).read_bytes()
-        ):
+        if data != _read(plan.tree.root / path, path):
             changes.append(Change(plan.tree.root / path, data))
     for o in state.overlay:
         wanted = o.patch in keep
@@ -361,8 +301,24 @@ def changes_to_reach(plan: Plan, state: TreeState, keep: set[str]) -> list[Chang
             changes.append(
                 Change(plan.tree.root / o.path, plan.overlay_bytes(o.path), mode=0o644)
             )
-        elif wanted and o.status == OLDER:  # its target gets this version's diffs
+        elif wanted and o.status == OLDER:
             changes.append(Change(plan.tree.root / o.path, plan.overlay_bytes(o.path)))
         elif not wanted and o.status in (OURS, OLDER):
             changes.append(Change(plan.tree.root / o.path, None))
     return changes
+
+
+_APPLIED = {True: "applied", False: "not applied", None: "partly applied"}
+
+
+def applied_word(applied: bool | None) -> str:
+    return _APPLIED[applied]
+
+
+def partial_message(state: TreeState) -> str:
+    """The refusal of a partly patched tree, each patch's state named."""
+    parts = [f"{name} {_APPLIED[applied]}" for name, applied in state.applied.items()]
+    return (
+        "tree is partially patched (" + ", ".join(parts) + "); "
+        "run `make revert` to restore the pristine release first; nothing changed"
+    )

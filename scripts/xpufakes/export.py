@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths, pins, series, unidiff
+from . import fetch, paths, pins, series, unidiff
 from .errors import Refusal
 
 ZERO_COMMIT = "0" * 40
@@ -37,15 +37,6 @@ class Message:
     subject: str
     body: str
     diff: str
-
-
-def _description(patch: series.Patch) -> tuple[str, str]:
-    """(subject, body) from the DEP-3 Description: its first line, then the
-    continuation lines ("." is an empty line)."""
-    text = patch.field("Description") or patch.field("Subject")
-    first, _, rest = text.partition("\n")
-    lines = ["" if line.strip() == "." else line for line in rest.split("\n")]
-    return first.strip(), "\n".join(lines).strip("\n")
 
 
 def blob_id(data: bytes) -> str:
@@ -132,12 +123,10 @@ def _for_release(
     return "".join(parts), blobs
 
 
-def message(
-    patch: series.Patch, texts: dict[str, str], overlay_root: Path | None = None
-) -> Message:
+def message(patch: series.Patch, texts: dict[str, str]) -> Message:
     """The patch as a commit; `texts`: the release's files before it (for
     its line numbers and index lines), updated to after it."""
-    subject, body = _description(patch)
+    subject, body = patch.description
     trailers = [
         f"{name}: {patch.field(name)}"
         for name in ("Origin", "Bug", "Forwarded", "Last-Update")
@@ -152,7 +141,7 @@ def message(
     diff, blobs = _for_release(patch, texts)
     diff = _git_style(diff, blobs)
     for path in patch.overlay:
-        data = series.overlay_source(path, overlay_root).read_bytes()
+        data = series.overlay_source(path).read_bytes()
         diff += new_file_diff(path, data)
     day = patch.field("Last-Update") or "1970-01-01"
     when = datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.UTC)
@@ -179,8 +168,6 @@ def format_patch(msg: Message, number: int, total: int) -> str:
 
 
 def _pristine_texts(loaded: series.Series, pin: pins.Pin) -> dict[str, str]:
-    from . import fetch
-
     root = fetch.fetch(pin)
     return {
         path: (root / path).read_bytes().decode("utf-8", "surrogateescape")

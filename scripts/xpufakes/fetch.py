@@ -75,7 +75,7 @@ def _pip_config() -> dict[str, str]:
     return config
 
 
-def _ssl_context() -> ssl.SSLContext:
+def ssl_context() -> ssl.SSLContext:
     cafile = os.environ.get("PIP_CERT") or _pip_config().get("global.cert")
     return ssl.create_default_context(cafile=cafile if cafile else None)
 
@@ -103,7 +103,7 @@ def sdist_url(version: str) -> str:
         },
     )
     try:
-        with urllib.request.urlopen(request, timeout=120, context=_ssl_context()) as r:
+        with urllib.request.urlopen(request, timeout=120, context=ssl_context()) as r:
             body = r.read().decode("utf-8", errors="replace")
             content_type = r.headers.get("Content-Type", "")
     except OSError as e:
@@ -150,7 +150,7 @@ def download(pin: Pin, step: str = "") -> Path:
     try:
         with (
             os.fdopen(fd, "wb") as out,
-            urllib.request.urlopen(url, timeout=600, context=_ssl_context()) as r,
+            urllib.request.urlopen(url, timeout=600, context=ssl_context()) as r,
         ):
             length = r.headers.get("Content-Length", "")
             shown = progress.Download(

@@ -16,13 +16,9 @@ that they cover every committed version.
 import hashlib
 import json
 import subprocess
+import tomllib
 from functools import cache
 from pathlib import Path
-
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    import tomli as tomllib
 
 from . import paths, unidiff
 

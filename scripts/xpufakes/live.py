@@ -19,11 +19,10 @@ restores the exact pre-apply bytes from it, refusing a file changed since.
 
 import base64
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import pins, recipes, record, series
-from .base import IPEX, Base
+from . import kernels, pins, recipes, record, selection, series, tree
 from .engine import sha256
 from .errors import Refusal
 from .transaction import Change
@@ -39,6 +38,9 @@ APPLIED, APPLIED_MODIFIED, CHANGED, NOT_APPLIED = (
     "not applied",
 )
 
+# the modules we add to vllm/ (never a recipe's target)
+OUR_MODULES = recipes.OUR_MODULES
+
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="surrogateescape")
@@ -48,82 +50,70 @@ def _bytes(text: str) -> bytes:
     return text.encode("utf-8", errors="surrogateescape")
 
 
-def select(names: list[str], selection: list[str] | None, what: str) -> list[str]:
-    """The names a PATCHES= selection picks ("0001", "0001-xpu-...patch")."""
-    if not selection:
-        return list(names)
-    chosen = []
-    for token in selection:
-        found = [n for n in names if n == token or n.split("-", 1)[0] == token]
-        if not found:
-            raise Refusal(
-                f"PATCHES: no patch {token!r} in {what}; it has " + ", ".join(names)
-            )
-        chosen += [n for n in found if n not in chosen]
-    return [n for n in names if n in chosen]
+@dataclass
+class FileRecord:
+    """A file apply changed: its sha256 before and after, its bytes before."""
+
+    before_sha256: str
+    after_sha256: str
+    before: str  # base64
 
 
-def check_depends(depends: dict[str, list[str]], wanted: set[str]) -> None:
-    """Refuse a set of patches that lacks a patch one of them needs. A
-    dependency is `<number> (<why>)`, as in the X-Depends: header field."""
-    for name in sorted(wanted):
-        for dependency in depends.get(name, []):
-            number, _, why = dependency.partition(" ")
-            if not any(n.split("-", 1)[0] == number for n in wanted):
-                needed = next(
-                    (n for n in depends if n.split("-", 1)[0] == number), number
-                )
-                mine = name.split("-", 1)[0]
-                raise Refusal(
-                    f"{name} needs {needed} {why}".rstrip()
-                    + f"; add it (PATCHES='{number} {mine}') or apply it first; "
-                    "nothing changed"
-                )
+@dataclass
+class RecipeState:
+    """The state file: what an apply by recipe did."""
+
+    base: str  # the pinned release the tree is based on
+    version: str  # what the tree says it is
+    patches: list[str]
+    mixed: bool = False
+    recipes_sha256: str = ""
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    added: dict[str, str] = field(default_factory=dict)  # path -> sha256
+    # an installed wheel's RECORD rows as they were: RECORD -> path -> row
+    record: dict[str, dict[str, str | None]] = field(default_factory=dict)
+
+    @property
+    def pin(self) -> pins.Pin:
+        return pins.load().get(self.base)
+
+    def to_json(self) -> bytes:
+        data = {"format": STATE_FORMAT, **asdict(self)}
+        return (json.dumps(data, indent=1) + "\n").encode()
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RecipeState":
+        files = {p: FileRecord(**entry) for p, entry in data["files"].items()}
+        return cls(
+            base=data["base"],
+            version=data["version"],
+            patches=list(data["patches"]),
+            mixed=data.get("mixed", False),
+            recipes_sha256=data.get("recipes_sha256", ""),
+            files=files,
+            added=dict(data["added"]),
+            record=data.get("record") or {},
+        )
 
 
 @dataclass
 class RecipeResult:
     """What the recipes do to a live tree."""
 
-    changes: list[Change]
+    changes: list[Change]  # the state file first, then the edited, the added
     edited: dict[str, tuple[bytes, bytes]]  # path -> (before, after)
     added: dict[str, bytes]
     patches: list[str]
     mixed: bool  # IPEX era, and some code calls the _xpu_C GEMMs
-    state: dict = field(default_factory=dict)
+    sources: dict[str, str]  # the tree's Python before the recipes, by path
 
 
-def _vllm_sources(root: Path) -> dict[str, str]:
-    found = {}
-    for path in sorted((root / "vllm").rglob("*.py")):
-        try:
-            found[str(path.relative_to(root))] = path.read_text(errors="replace")
-        except OSError:
-            continue
-    return found
-
-
-def is_mixed(found: Tree, base: Base, sources: dict[str, str] | None = None) -> bool:
-    """An IPEX-era tree some of whose code calls the _xpu_C GEMMs."""
-    if base.era != IPEX:
-        return False
-    sources = sources if sources is not None else _vllm_sources(found.root)
-    return any(
-        recipes.calls_xpu_c_gemms(text)
-        for p, text in sources.items()
-        if p not in OUR_MODULES
-    )
-
-
-# the modules we add to vllm/ (never a recipe's target)
-OUR_MODULES = frozenset({recipes.FAKES_MODULE, recipes.WOQ_MODULE})
-
-
-def _targets(edit: recipes.Edit, sources: dict[str, str]) -> list[str]:
+def _targets(edit: recipes.Edit, sources: dict[str, str]) -> list[tuple[str, bool]]:
+    """(path, required) of each file the edit applies to."""
     if not edit.anywhere:
-        return [edit.target]
+        return edit.files
     return [
-        p
+        (p, False)
         for p, text in sources.items()
         if p not in OUR_MODULES and all(s in text for s in edit.anywhere)
     ]
@@ -139,22 +129,21 @@ def run_recipes(
     both run them here): per recipe, the text each file it edits has after it
     (and the recipes before it); each file's bytes before; and every fault
     (a missing file, an anchor not found, a file carrying our changes)."""
-    sources = sources if sources is not None else _vllm_sources(root)
+    sources = sources if sources is not None else tree.python_sources(root)
     texts: dict[str, str] = {}
     before: dict[str, bytes] = {}
     faults: list[str] = []
     by_patch: dict[str, dict[str, str]] = {}
     for recipe in chosen:
         edits = list(recipe.edits) + (list(recipe.mixed_edits) if mixed else [])
-        done_by_recipe = set()
         for edit in edits:
-            for path in _targets(edit, sources):
-                if edit.anywhere and path in done_by_recipe:
-                    continue
+            targets = _targets(edit, sources)
+            done = []
+            for path, required in targets:
                 target = root / path
                 if path not in texts:
                     if not target.is_file():
-                        if edit.required:
+                        if required:
                             faults.append(f"{path} is missing")
                         continue
                     before[path] = target.read_bytes()
@@ -164,40 +153,40 @@ def run_recipes(
                         continue
                 try:
                     texts[path] = edit.edit(texts[path])
-                    done_by_recipe.add(path)
+                    done.append(path)
                     by_patch.setdefault(recipe.name, {})[path] = texts[path]
                 except recipes.RecipeError as e:
                     if not edit.anywhere:
                         faults.append(f"{path}: {e} (anchor of {recipe.name})")
-        anywhere = [e for e in recipe.edits if e.anywhere]
-        if anywhere and not done_by_recipe & {
-            p for e in anywhere for p in _targets(e, sources)
-        }:
-            faults.append(
-                "vllm/: no `X.<attr> = ...IPEXWeightOnlyQuantizedLinear."
-                f"from_weight(...)` in any file (anchor of {recipe.name})"
-            )
+            if edit.anywhere and not done:
+                faults.append(
+                    "vllm/: no `X.<attr> = ...IPEXWeightOnlyQuantizedLinear."
+                    f"from_weight(...)` in any file (anchor of {recipe.name})"
+                )
     return by_patch, before, faults
 
 
 def by_recipe(
-    found: Tree, base: Base, selection: list[str] | None = None
+    found: Tree, base_pin: pins.Pin, version: str, patches: list[str] | None = None
 ) -> RecipeResult:
-    """Run the era's recipes on the live files; refuse (naming every file and
-    anchor at fault) if a file already carries our changes or an anchor is not
-    found."""
-    era = recipes.RECIPES[base.era]
-    names = select([r.name for r in era], selection, f"the {base.era} recipes")
+    """Run the recipes of the base release's era on the live files; refuse
+    (naming every file and anchor at fault) if a file already carries our
+    changes or an anchor is not found. `version`: what the tree says it is,
+    for the state file."""
+    era = recipes.RECIPES[base_pin.era]
+    names = selection.select(
+        [r.name for r in era], patches, f"the {base_pin.era} recipes"
+    )
     chosen = [r for r in era if r.name in names]
-    check_depends({r.name: list(r.depends) for r in era}, set(names))
-    sources = _vllm_sources(found.root)
-    mixed = is_mixed(found, base, sources)
+    selection.check_depends({r.name: list(r.depends) for r in era}, set(names))
+    sources = tree.python_sources(found.root)
+    mixed = kernels.is_mixed(base_pin.kernels, sources)
     by_patch, before, faults = run_recipes(found.root, chosen, mixed, sources)
     texts = {p: t for files in by_patch.values() for p, t in files.items()}
     added: dict[str, bytes] = {}
     for recipe in chosen:
         for path in recipe.overlay:
-            if path.startswith("tests/") and not found.has_tests:
+            if not found.receives(path):
                 continue
             data = series.overlay_source(path).read_bytes()
             target = found.root / path
@@ -210,37 +199,25 @@ def by_recipe(
     edited = {
         p: (before[p], _bytes(t)) for p, t in texts.items() if _bytes(t) != before[p]
     }
-    state = {
-        "format": STATE_FORMAT,
-        "base": base.pin.version,
-        "version": base.version,
-        "patches": names,
-        "mixed": mixed,
-        "recipes_sha256": sha256(Path(recipes.__file__).read_bytes()),
-        "files": {
-            p: {
-                "before_sha256": sha256(old),
-                "after_sha256": sha256(new),
-                "before": base64.b64encode(old).decode(),
-            }
+    state = RecipeState(
+        base=base_pin.version,
+        version=version,
+        patches=names,
+        mixed=mixed,
+        recipes_sha256=sha256(Path(recipes.__file__).read_bytes()),
+        files={
+            p: FileRecord(sha256(old), sha256(new), base64.b64encode(old).decode())
             for p, (old, new) in edited.items()
         },
-        "added": {p: sha256(data) for p, data in added.items()},
-        # an installed wheel's RECORD rows as they were, for revert
-        "record": record.rows_before(found.root, [STATE_FILE, *edited, *added]),
-    }
+        added={p: sha256(data) for p, data in added.items()},
+        record=record.rows_before(found.root, [STATE_FILE, *edited, *added]),
+    )
     # the state file first: it is in place before any file changes (and, in a
     # rollback, goes last), so `revert` can finish an apply that failed midway
-    changes = [
-        Change(
-            found.root / STATE_FILE,
-            (json.dumps(state, indent=1) + "\n").encode(),
-            mode=0o644,
-        )
-    ]
+    changes = [Change(found.root / STATE_FILE, state.to_json(), mode=0o644)]
     changes += [Change(found.root / p, new) for p, (_, new) in edited.items()]
     changes += [Change(found.root / p, d, mode=0o644) for p, d in added.items()]
-    return RecipeResult(changes, edited, added, names, mixed, state)
+    return RecipeResult(changes, edited, added, names, mixed, sources)
 
 
 # ---------------------------------------------------------------------------
@@ -248,34 +225,38 @@ def by_recipe(
 # ---------------------------------------------------------------------------
 
 
-def read_state(found: Tree) -> dict | None:
+def read_state(found: Tree) -> RecipeState | None:
     path = found.root / STATE_FILE
     if not path.is_file():
         return None
     try:
-        state = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise Refusal(f"{STATE_FILE} is unreadable ({e}); nothing changed") from None
-    if state.get("format") != STATE_FORMAT:
+    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
         raise Refusal(f"{STATE_FILE} has an unknown format; nothing changed")
-    return state
+    try:
+        return RecipeState.from_dict(data)
+    except (KeyError, TypeError) as e:
+        raise Refusal(f"{STATE_FILE} is unreadable ({e!r}); nothing changed") from None
 
 
-def file_states(found: Tree, state: dict, pristine: dict[str, str]) -> dict[str, str]:
+def file_states(found: Tree, state: RecipeState) -> dict[str, str]:
     """path -> APPLIED, APPLIED_MODIFIED, NOT_APPLIED or CHANGED, for every
-    file the state records (`pristine`: the base's pristine sha256s)."""
+    file the state records."""
+    pristine = state.pin.files
     result = {}
-    for path, entry in state["files"].items():
+    for path, entry in state.files.items():
         target = found.root / path
         digest = sha256(target.read_bytes()) if target.is_file() else None
-        if digest == entry["after_sha256"]:
-            modified = entry["before_sha256"] != pristine.get(path)
+        if digest == entry.after_sha256:
+            modified = entry.before_sha256 != pristine.get(path)
             result[path] = APPLIED_MODIFIED if modified else APPLIED
-        elif digest == entry["before_sha256"]:
+        elif digest == entry.before_sha256:
             result[path] = NOT_APPLIED
         else:
             result[path] = CHANGED
-    for path, digest in state["added"].items():
+    for path, digest in state.added.items():
         target = found.root / path
         if not target.exists():
             result[path] = NOT_APPLIED
@@ -284,11 +265,6 @@ def file_states(found: Tree, state: dict, pristine: dict[str, str]) -> dict[str,
         else:
             result[path] = CHANGED
     return result
-
-
-def changed_since(found: Tree, state: dict) -> list[str]:
-    states = file_states(found, state, {})
-    return [p for p, s in states.items() if s == CHANGED]
 
 
 def summary(states: dict[str, str]) -> str:
@@ -304,12 +280,12 @@ def summary(states: dict[str, str]) -> str:
     return "patched by recipe"
 
 
-def refuse_unless_applied(found: Tree, state: dict) -> None:
+def refuse_unless_applied(found: Tree, state: RecipeState) -> None:
     """apply on a tree applied by recipe: every file must be as apply left
     it. A file changed since is refused; so is one back at its pre-apply
     bytes, or an added file removed (a `git checkout` of the file): the
     fakes are not all in place, and that tree is not "already applied"."""
-    states = file_states(found, state, {})
+    states = file_states(found, state)
     changed = [p for p, s in states.items() if s == CHANGED]
     if changed:
         raise Refusal(
@@ -328,26 +304,25 @@ def refuse_unless_applied(found: Tree, state: dict) -> None:
         )
 
 
-def recipe_names(state: dict) -> list[str]:
+def recipe_names(state: RecipeState) -> list[str]:
     """The names of the recipes of the era of a tree applied by recipe."""
-    era = pins.load().get(state["base"]).series.split("-")[0]
-    return [r.name for r in recipes.RECIPES[era]]
+    return [r.name for r in recipes.RECIPES[state.pin.era]]
 
 
-def reverts_all(state: dict, selection: list[str] | None) -> bool:
+def reverts_all(state: RecipeState, patches: list[str] | None) -> bool:
     """Whether revert by recipe goes ahead with PATCHES=: it restores each
     file's bytes from before every patch, so it takes back all of them or
     none; a selection naming only some of those applied is refused. False:
     none of the patches named is applied."""
-    if not selection:
+    if not patches:
         return True
-    named = select(recipe_names(state), selection, "the recipes")
-    applied = state["patches"]
+    named = selection.select(recipe_names(state), patches, "the recipes")
+    applied = state.patches
     if not set(named) & set(applied):
         return False
     kept = [n for n in applied if n not in named]
     if kept:
-        numbers = " ".join(n.split("-", 1)[0] for n in kept)
+        numbers = " ".join(selection.number(n) for n in kept)
         raise Refusal(
             f"{', '.join(applied)} applied by recipe, and revert by recipe "
             f"takes them back together; to keep {', '.join(kept)}, run `make "
@@ -356,10 +331,10 @@ def reverts_all(state: dict, selection: list[str] | None) -> bool:
     return True
 
 
-def changes_to_revert(found: Tree, state: dict) -> list[Change]:
+def changes_to_revert(found: Tree, state: RecipeState) -> list[Change]:
     """Back to the exact pre-apply bytes; refuses, naming every file, if a
     file changed since apply."""
-    changed = changed_since(found, state)
+    changed = [p for p, s in file_states(found, state).items() if s == CHANGED]
     if changed:
         raise Refusal(
             "changed since apply by recipe: "
@@ -367,12 +342,12 @@ def changes_to_revert(found: Tree, state: dict) -> list[Change]:
             + f" (their pre-apply bytes are in {STATE_FILE}); nothing changed"
         )
     changes = []
-    for path, entry in state["files"].items():
-        if sha256((found.root / path).read_bytes()) == entry["after_sha256"]:
-            changes.append(Change(found.root / path, base64.b64decode(entry["before"])))
+    for path, entry in state.files.items():
+        if sha256((found.root / path).read_bytes()) == entry.after_sha256:
+            changes.append(Change(found.root / path, base64.b64decode(entry.before)))
     changes += [
         Change(found.root / path, None)
-        for path in state["added"]
+        for path in state.added
         if (found.root / path).exists()
     ]
     changes.append(Change(found.root / STATE_FILE, None))

@@ -16,12 +16,8 @@ import traceback
 import types
 from pathlib import Path
 
-from . import paths
 from .errors import Refusal
-
-REFERENCE = (
-    paths.OVERLAY / "tests" / "kernels" / "quantization" / "xpu_gemm_reference.py"
-)
+from .kernels import REFERENCE, newest_xpu_kernels  # noqa: F401 - for prtext
 
 # vLLM modules that register fakes for XPU ops, newest first.
 REGISTERING_MODULES = ("vllm._xpu_ops", "vllm._ipex_ops")
@@ -36,13 +32,6 @@ def reference():
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
-
-
-def newest_xpu_kernels() -> str:
-    """The newest vllm-xpu-kernels release the reference kernels know
-    (read from the file, without importing torch)."""
-    match = re.search(r'^NEWEST_XPU_KERNELS = "([^"]+)"', REFERENCE.read_text(), re.M)
-    return match.group(1)
 
 
 def define_standins(kernels: str) -> list:

@@ -1,23 +1,54 @@
-"""The supported vLLM releases (patches/pins.toml)."""
+"""The supported vLLM releases (patches/pins.toml), and the two eras of XPU
+support a release belongs to."""
 
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    import tomli as tomllib
+import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 
 from . import paths
 from .errors import Refusal
 
+# The eras: vLLM 0.10.2 - 0.14.x call IPEX's torch_ipex ops; 0.16.0 on call
+# vllm-xpu-kernels' _xpu_C ops. A series is named <era>-<its first release>.
+IPEX, KERNELS = "ipex", "kernels"
+ERAS = (IPEX, KERNELS)
+FIRST_PATCHED = (0, 10, 2)  # 0.10.0 - 0.10.1.1 force compilation off on XPU
+FIRST_KERNELS = (0, 16)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """(0, 33, 0) for "0.33.0"."""
+    return tuple(int(p) for p in text.split("."))
+
+
+def era_of(version: tuple[int, ...]) -> str | None:
+    """The era of a release: IPEX (0.10.2-0.14.x), KERNELS (0.16.0+), or
+    None (0.10.0-0.10.1.1 force compilation off on XPU and need nothing)."""
+    if version < FIRST_PATCHED:
+        return None
+    return IPEX if version < FIRST_KERNELS else KERNELS
+
+
+def series_name(era: str, first_release: str) -> str:
+    return f"{era}-{first_release}"
+
 
 @dataclass(frozen=True)
 class Pin:
     version: str
     sdist_sha256: str  # of vllm-<version>.tar.gz on the package index
-    series: str  # a directory under patches/
-    kernels: str  # the XPU kernel package the release pins (informational)
+    series: str  # a directory under patches/, <era>-<first release>
+    kernels: str  # the XPU kernel package the release pins (requirements/xpu.txt)
     files: dict[str, str] = field(default_factory=dict)  # path -> pristine sha256
+
+    @property
+    def era(self) -> str:
+        """IPEX or KERNELS: the era its series was made for."""
+        return self.series.split("-", 1)[0]
+
+    @property
+    def release(self) -> tuple[int, ...]:
+        return version_tuple(self.version)
 
 
 @dataclass(frozen=True)
@@ -35,6 +66,11 @@ class Pins:
             f"vLLM {version} is not a supported release; supported: "
             + " ".join(self.releases)
         )
+
+    def ordered(self, era: str | None = None) -> list[Pin]:
+        """The pinned releases, oldest first (only those of `era`)."""
+        found = sorted(self.releases.values(), key=lambda p: p.release)
+        return [p for p in found if era is None or p.era == era]
 
 
 @cache

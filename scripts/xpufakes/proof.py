@@ -20,24 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import isolated, paths, recipes
-from .audit import IPEX_WOQ
-from .base import IPEX, Base
+from . import isolated, paths
 from .errors import Refusal
-from .loading import newest_xpu_kernels
+from .ops import is_ours
 from .transaction import Change
 
-# the ops this project gives fakes to (by name, without overload)
-OURS = frozenset(
-    {f"_xpu_C::{op}" for op in recipes.XPU_C_GEMMS}
-    | {"torch_ipex::fp8_gemm_w8a16", IPEX_WOQ}
-)
 GOOD_VERDICTS = ("ok", "not traced", "ok (no tensor returned)")
-
-
-def is_ours(op: str) -> bool:
-    """Whether an op (as audit names it, maybe with an overload) is ours."""
-    return op in OURS or op.split(".")[0] in OURS
 
 
 def torch_python() -> str | None:
@@ -49,15 +37,6 @@ def torch_python() -> str | None:
         return sys.executable
     venv = paths.REPO / ".venv" / "bin" / "python"
     return str(venv) if venv.is_file() else None
-
-
-def standins(base: Base, mixed: bool) -> str:
-    """The stand-in kernel packages for a tree: its base release's, plus
-    vllm-xpu-kernels' for a mixed tree."""
-    kernels = base.pin.kernels
-    if mixed and base.era == IPEX:
-        kernels += f"; vllm-xpu-kernels {newest_xpu_kernels()}"
-    return kernels
 
 
 def _materialise(root: Path, changes: list[Change], work: Path) -> Path:
@@ -77,7 +56,13 @@ def _materialise(root: Path, changes: list[Change], work: Path) -> Path:
     return work
 
 
-def prove(root: Path, changes: list[Change], kernels: str, python: str) -> list[str]:
+def prove(
+    root: Path,
+    changes: list[Change],
+    kernels: str,
+    python: str,
+    sources: dict[str, str] | None = None,
+) -> list[str]:
     """'<op>: <verdict>' for each op of ours the edited tree calls from
     traced code without a conformant fake (empty: proven)."""
     with tempfile.TemporaryDirectory(prefix="xpufakes-proof-") as work:

@@ -1,27 +1,27 @@
 """How each patch is made: an edit of the pristine file of a release, and the
-patch's header. `make refresh` runs the edits on every pinned release and
-writes patches/ (grouping releases whose diffs are the same into one series),
-so the diff context always comes from the official sdists.
+patch's header (data/dep3_headers.toml). `make refresh` runs the edits on
+every pinned release and writes patches/ (grouping releases whose diffs are
+the same into one series), so the diff context always comes from the
+official sdists; the recipe path (recipe_path.py) and `make stage` run the
+same edits on a tree's live files.
 """
 
 import ast
-import re
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-XPU_C_GEMMS = (
-    "fp8_gemm",
-    "fp8_gemm_out",
-    "fp8_bmm",
-    "fp8_gemm_w8a16",
-    "fp4_gemm",
-    "int4_gemm_w4a16",
-    "int4_gemm_w4a8",
-)
+from . import ops, pins
+from .ops import XPU_C_GEMMS, calls_xpu_c_gemms  # noqa: F401 - for stage
 
 FAKES_MODULE = "vllm/_xpu_gemm_fakes.py"
 TREE_TEST = "tests/kernels/quantization/test_xpu_gemm_fakes.py"
 TREE_TEST_REFERENCE = "tests/kernels/quantization/xpu_gemm_reference.py"
+WOQ_MODULE = "vllm/_ipex_woq_linear.py"
+WOQ_TREE_TEST = "tests/kernels/quantization/test_ipex_woq_linear.py"
+# the modules we add to vllm/ (never a recipe's target)
+OUR_MODULES = frozenset({FAKES_MODULE, WOQ_MODULE})
 
 
 class RecipeError(Exception):
@@ -30,13 +30,19 @@ class RecipeError(Exception):
 
 @dataclass(frozen=True)
 class Edit:
-    target: str
+    target: str  # the release's file it edits
     edit: Callable[[str], str]
-    required: bool = True  # False: skip releases that lack the file
+    # files of the releases that have them, edited the same way
+    optional: tuple[str, ...] = ()
     # On a tree that is not a pinned release's: the edit applies to every file
     # of vllm/ where its sites are (source text containing all of `anywhere`),
-    # not only to `target`.
+    # not only to its files.
     anywhere: tuple[str, ...] = ()
+
+    @property
+    def files(self) -> list[tuple[str, bool]]:
+        """(path, required) of each release file it edits."""
+        return [(self.target, True), *((path, False) for path in self.optional)]
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ def _is_type_checking_if(node: ast.stmt) -> bool:
     )
 
 
-def _xpu_c_gemm_guard(node: ast.stmt) -> str | None:
+def xpu_c_gemm_guard(node: ast.stmt) -> str | None:
     """The op name of `if hasattr(torch.ops._xpu_C, "<gemm>"):`, else None."""
     if not isinstance(node, ast.If) or not isinstance(node.test, ast.Call):
         return None
@@ -103,7 +109,7 @@ def xpu_gemm_fake_sites(body: list[ast.stmt]) -> list[ast.stmt]:
     `if hasattr(torch.ops._xpu_C, "<gemm>"):` block (wherever it is, in any
     order, whatever lies between them) and the register_fake shim if nothing
     else uses it."""
-    blocks = [n for n in body if _xpu_c_gemm_guard(n)]
+    blocks = [n for n in body if xpu_c_gemm_guard(n)]
     if not blocks:
         raise RecipeError('no `if hasattr(torch.ops._xpu_C, "<gemm>"):` block')
     shim = _register_fake_shim(body)
@@ -246,11 +252,10 @@ IPEX_REGISTRATION = (
 )
 
 
-# vLLM's own custom ops (in vllm/_xpu_ops.py) that return the output of one
-# of the _xpu_C GEMMs unchanged: their fake must be that GEMM's. fake function
-# -> (implementation function, the GEMM, the canonical fake to delegate to).
+# fake function -> (implementation function, the GEMM, the canonical fake),
+# of each wrapper op (ops.WRAPPERS), for stage
 XPU_C_GEMM_WRAPPERS = {
-    "_xpu_fp8_bmm_fake": ("_xpu_fp8_bmm_impl", "fp8_bmm", "fp8_bmm_fake"),
+    w.fake: (w.impl, w.gemm, w.canonical) for w in ops.WRAPPERS.values()
 }
 
 
@@ -284,7 +289,9 @@ def edit_xpu_gemm_wrapper_fakes(text: str) -> str:
     functions = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
     lines = _lines(text)
     used = []
-    for fake_name, (impl_name, gemm, canonical) in XPU_C_GEMM_WRAPPERS.items():
+    for wrapper in ops.WRAPPERS.values():
+        fake_name, impl_name = wrapper.fake, wrapper.impl
+        gemm, canonical = wrapper.gemm, wrapper.canonical
         fake = functions.get(fake_name)
         if fake is None:
             continue
@@ -367,16 +374,6 @@ def add_xpu_gemm_registration(text: str) -> str:
         ")\n"
     )
     return "".join(lines)
-
-
-_XPU_C_GEMM_CALL = re.compile(
-    r"torch\.ops\._xpu_C\.(?:" + "|".join(XPU_C_GEMMS) + r")\b"
-)
-
-
-def calls_xpu_c_gemms(text: str) -> bool:
-    """Whether source text calls one of the _xpu_C GEMMs."""
-    return bool(_XPU_C_GEMM_CALL.search(text))
 
 
 def _vllm_import_position(body: list[ast.stmt], module: str) -> int:
@@ -511,143 +508,29 @@ def carries_ours(text: str) -> bool:
     return any(marker in text for marker in MARKERS)
 
 
-WOQ_HEADER = """\
-Description: [XPU] Run IPEX's weight-only-quantized linear as one opaque op
- The IPEX AWQ, GPTQ and wNa16 linear methods call layer.ipex_qlinear(x) in
- apply(), which torch.compile traces. That is IPEX's XPU
- WeightOnlyQuantizedLinear, whose forward calls torch_ipex::mm_int4,
- mm_bias_int4, mm_w4a8, mm_bias_w4a8, mm_low_bits, int4x8_dequantize and
- mm_common. IPEX registers those without a dispatch key, which makes them
- CompositeImplicitAutograd kernels: no fake can be registered for them
- (register_fake refuses), and under fake tensors their C++ body runs and
- fails on its first data access ("Cannot access data pointer of Tensor").
- So int4 AWQ / GPTQ models cannot start with compilation on.
- .
- This wraps each module, right after it is made, in
- vllm/_ipex_woq_linear.py's IPEXWoqLinearOp: calling it runs the module
- through one custom op, vllm::ipex_woq_linear (registered with
- direct_register_custom_op), whose fake returns what every int4 branch of
- that forward returns (a new contiguous x.shape[:-1] + (out_features,)
- tensor with x's dtype and device; vllm/_xpu_gemm_fakes.py). apply() is
- unchanged.
- .
- The op finds its module through a one-element buffer of the wrapper,
- passed as a tensor argument, whose value keys a registry of weak
- references: the layer owns its module (freed with it), and a traced graph
- holds no module number, only the layer's buffer, so a graph reused from
- the compile cache or for a second model calls that model's modules.
- .
- tests/kernels/quantization/test_ipex_woq_linear.py runs opcheck on the op
- for the weight formats the AWQ and GPTQ paths produce (oneDNN and XeTLA
- layouts, bias, act-order g_idx, W4A8 compute) and compiles a block with
- Inductor, against IPEX on an XPU host and CPU reference kernels elsewhere.
- .
- Upstream status: not submitted yet; IPEX-based XPU support was replaced by
- vllm-xpu-kernels in vLLM 0.16.0, so this is for the 0.10.2-0.14.1 releases.
- .
- This variant applies to vLLM {releases}.
-"""
-
-_COMMON_FIELDS = """\
-Origin: vendor
-Bug: https://github.com/intel/llm-scaler/issues/383
-Forwarded: no
-Last-Update: {date}
-"""
-
-KERNELS_HEADER = """\
-Description: [XPU] Use exact fake kernels for the _xpu_C quantized GEMMs
- torch.compile traces vLLM's quantized linear layers with fake tensors, so
- every custom op called there needs a fake (meta) kernel that returns what
- the real kernel returns: shape, strides, dtype and device. The fakes of the
- vllm-xpu-kernels GEMMs in vllm/_xpu_ops.py do not:
- .
-  - they flatten the input to 2-D, so a 3-D activation gets a 2-D output where
-    the kernel returns [b, m, n];
-  - they call .view(), which raises on a strided input such as the transposed
-    [m, b, k] view;
-  - their strides are contiguous where the kernel's output follows the
-    input's strides (A.stride(i) / K * N);
-  - fp8_gemm and fp4_gemm return the default dtype (float32) when out_dtype is
-    None, where the kernel returns float16;
-  - fp8_gemm has no fake before vLLM 0.20, fp4_gemm none in 0.22-0.27.1.
- .
- Under Inductor a wrong fake is a run-time assert at best (size asserts on),
- a silently wrong shape or a buffer overrun at worst (vLLM turns the asserts
- off for torch < 2.12).
- .
- This replaces them with vllm/_xpu_gemm_fakes.py, which follows the kernels'
- allocator (check_and_create_output_tensor in csrc/xpu/onednn/
- onednn_matmul.cpp) and mirrors their input checks, for fp8_gemm,
- fp8_gemm_out, fp8_bmm, fp8_gemm_w8a16, fp4_gemm, int4_gemm_w4a16 and
- int4_gemm_w4a8. A fake is registered only for an op that exists and has the
- schema the fake was written for; otherwise a warning is logged.
- .
- From vLLM 0.27.0 on, vllm/_xpu_ops.py also registers vLLM's own op
- vllm::xpu_fp8_bmm, which returns torch.ops._xpu_C.fp8_bmm's output as it
- is, with a fake that returns a new contiguous tensor. DeepSeek-V4 calls it
- on a transposed [M, G, K] view, for which the kernel's output is laid out
- like the input, not contiguous. Where the op exists, its fake becomes
- fp8_bmm's.
- .
- tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
- (test_faketensor, test_aot_dispatch_dynamic; on the kernels themselves
- test_schema and test_autograd_registration, where they can run) on each
- op, against the real kernels on an XPU host and against CPU reference
- kernels elsewhere.
- .
- Upstream status: not submitted yet. The fakes replaced here were added by
- https://github.com/vllm-project/vllm/pull/39984 (fp8_gemm) and
- https://github.com/vllm-project/vllm/pull/50946 (fp4_gemm).
- .
- This variant applies to vLLM {releases}.
-"""
-
-IPEX_HEADER = """\
-Description: [XPU] Register fake kernels for the IPEX quantized GEMMs
- torch.compile traces vLLM's quantized linear layers with fake tensors, so
- every custom op called there needs a fake (meta) kernel. IPEX registers
- none for torch_ipex::fp8_gemm_w8a16, which XPUFp8LinearMethod.apply calls,
- so with compilation on (the default) the engine dies at start-up in
- profile_run with
-   torch._dynamo.exc.Unsupported: Operator does not support running with
-   fake tensors ... unsupported operator: torch_ipex.fp8_gemm_w8a16.xpu
- and users fall back to --enforce-eager.
- .
- This registers, right after IPEX is imported, the fakes of
- vllm/_xpu_gemm_fakes.py: the output follows IPEX's allocation (shape
- A.shape[:-1] + (N,), N = B.size(0) when trans_B, strides
- A.stride(i) / K * N, dtype and device of A) and the op's input checks. A
- fake is registered only for an op that exists (the XPU builds of IPEX) and
- has the schema the fake was written for; otherwise a warning is logged.
- .
- tests/kernels/quantization/test_xpu_gemm_fakes.py runs opcheck
- (test_faketensor, test_aot_dispatch_dynamic; on the kernels themselves
- test_schema and test_autograd_registration, where they can run) on each
- op, against the real kernels on an XPU host and against CPU reference
- kernels elsewhere.
- .
- Upstream status: not submitted yet; IPEX-based XPU support was replaced by
- vllm-xpu-kernels in vLLM 0.16.0, so this is for the 0.10.2-0.14.1 releases.
- .
- This variant applies to vLLM {releases}.
-"""
+_HEADERS = tomllib.loads(
+    (Path(__file__).with_name("data") / "dep3_headers.toml").read_text()
+)
+IPEX_HEADER, WOQ_HEADER, KERNELS_HEADER = (
+    _HEADERS["ipex"],
+    _HEADERS["woq"],
+    _HEADERS["kernels"],
+)
+COMMON_FIELDS = _HEADERS["common"]
 
 OVERLAY = (FAKES_MODULE, TREE_TEST_REFERENCE, TREE_TEST)
 
-WOQ_MODULE = "vllm/_ipex_woq_linear.py"
 # what a file that makes an IPEX WOQ module contains (a cheap pre-filter)
 WOQ_SOURCE_TEXT = ("from_weight", "WeightOnlyQuantizedLinear")
-WOQ_TREE_TEST = "tests/kernels/quantization/test_ipex_woq_linear.py"
 
 # The patches of each era, in series order.
 RECIPES: dict[str, tuple[Recipe, ...]] = {
-    "ipex": (
+    pins.IPEX: (
         Recipe(
             name="0001-xpu-register-fakes-for-ipex-gemms.patch",
             edits=(Edit("vllm/_ipex_ops.py", edit_ipex_ops),),
             overlay=OVERLAY,
-            header=IPEX_HEADER + _COMMON_FIELDS,
+            header=IPEX_HEADER + COMMON_FIELDS,
             mixed_edits=(Edit("vllm/_ipex_ops.py", add_xpu_gemm_registration),),
         ),
         Recipe(
@@ -656,38 +539,31 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
                 Edit(
                     "vllm/model_executor/layers/quantization/ipex_quant.py",
                     edit_woq,
-                    anywhere=WOQ_SOURCE_TEXT,
-                ),
-                Edit(
-                    "vllm/model_executor/layers/quantization/kernels/"
-                    "mixed_precision/xpu.py",
-                    edit_woq,
-                    required=False,
+                    optional=(
+                        "vllm/model_executor/layers/quantization/kernels/"
+                        "mixed_precision/xpu.py",
+                    ),
                     anywhere=WOQ_SOURCE_TEXT,
                 ),
             ),
             overlay=(WOQ_MODULE, WOQ_TREE_TEST),
-            header=WOQ_HEADER + _COMMON_FIELDS,
+            header=WOQ_HEADER + COMMON_FIELDS,
             depends=(
                 "0001 (vllm/_ipex_woq_linear.py imports its fake from 0001's "
                 "vllm/_xpu_gemm_fakes.py)",
             ),
         ),
     ),
-    "kernels": (
+    pins.KERNELS: (
         Recipe(
             name="0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch",
             edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops_and_wrappers),),
             overlay=OVERLAY,
-            header=KERNELS_HEADER + _COMMON_FIELDS,
+            header=KERNELS_HEADER + COMMON_FIELDS,
         ),
     ),
 }
 
 
-def era_of(version: tuple[int, ...]) -> str | None:
-    """The era of a release: ipex (0.10.2-0.14.x), kernels (0.16.0+), or None
-    (0.10.0-0.10.1.1 force compilation off on XPU)."""
-    if version < (0, 10, 2):
-        return None
-    return "ipex" if version < (0, 16) else "kernels"
+# for stage
+_xpu_c_gemm_guard = xpu_c_gemm_guard

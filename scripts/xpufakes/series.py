@@ -37,20 +37,7 @@ class Patch:
 
     @cached_property
     def fields(self) -> dict[str, list[str]]:
-        """DEP-3 fields; a field given several times keeps every value, and
-        continuation lines (starting with a space) join the previous value."""
-        found: dict[str, list[str]] = {}
-        last = None
-        for line in self.header.splitlines():
-            match = _FIELD.match(line)
-            if match:
-                last = match.group(1)
-                found.setdefault(last, []).append(match.group(2))
-            elif line.startswith((" ", "\t")) and last:
-                found[last][-1] += "\n" + line[1:]
-            elif line.strip() in ("", "---"):
-                last = None
-        return found
+        return fields(self.header)
 
     def field(self, name: str, default: str = "") -> str:
         values = self.fields.get(name)
@@ -74,8 +61,9 @@ class Patch:
         return [v.strip() for v in self.fields.get("X-Depends", [])]
 
     @property
-    def subject(self) -> str:
-        return self.field("Subject") or self.field("Description").split("\n")[0]
+    def description(self) -> tuple[str, str]:
+        """(subject, body) of the patch as a commit."""
+        return description(self.field("Description") or self.field("Subject"))
 
 
 @dataclass(frozen=True)
@@ -98,9 +86,34 @@ class Series:
         return [path for patch in self.patches for path in patch.overlay]
 
 
-def load(name: str, root: Path | None = None) -> Series:
-    """The series in <root or patches/>/<name>."""
-    directory = (root or paths.PATCHES) / name
+def fields(header: str) -> dict[str, list[str]]:
+    """DEP-3 fields; a field given several times keeps every value, and
+    continuation lines (starting with a space) join the previous value."""
+    found: dict[str, list[str]] = {}
+    last = None
+    for line in header.splitlines():
+        match = _FIELD.match(line)
+        if match:
+            last = match.group(1)
+            found.setdefault(last, []).append(match.group(2))
+        elif line.startswith((" ", "\t")) and last:
+            found[last][-1] += "\n" + line[1:]
+        elif line.strip() in ("", "---"):
+            last = None
+    return found
+
+
+def description(text: str) -> tuple[str, str]:
+    """(subject, body) from a DEP-3 Description value: its first line, then
+    the continuation lines ("." is an empty line)."""
+    first, _, rest = text.partition("\n")
+    lines = ["" if line.strip() == "." else line for line in rest.split("\n")]
+    return first.strip(), "\n".join(lines).strip("\n")
+
+
+def load(name: str) -> Series:
+    """The series in patches/<name>."""
+    directory = paths.PATCHES / name
     listing = directory / "series"
     if not listing.is_file():
         raise Refusal(f"series {name}: no {listing}")
@@ -120,5 +133,6 @@ def load(name: str, root: Path | None = None) -> Series:
     return Series(name, directory, tuple(patches))
 
 
-def overlay_source(path: str, overlay_root: Path | None = None) -> Path:
-    return (overlay_root or paths.OVERLAY) / path
+def overlay_source(path: str) -> Path:
+    """Where the overlay file a patch brings (its path in the tree) is kept."""
+    return paths.OVERLAY / path

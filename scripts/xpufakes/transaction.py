@@ -75,7 +75,7 @@ class Stranded(Exception):
         self.cause = cause
         self.states = states
         super().__init__(
-            f"{_reason(cause)}; could not put every file back: " + "; ".join(states)
+            f"{reason(cause)}; could not put every file back: " + "; ".join(states)
         )
 
 
@@ -98,7 +98,7 @@ def writable_or_refuse(changes: list[Change], root: Path) -> None:
     for change in changes:
         if change.path.is_symlink() and not change.path.exists():
             raise Refusal(
-                f"{_rel(change.path, root)} is a dangling symlink; nothing changed"
+                f"{rel(change.path, root)} is a dangling symlink; nothing changed"
             )
         target = real_path(change.path)
         directory = _existing_parent(target.parent)
@@ -113,13 +113,12 @@ def writable_or_refuse(changes: list[Change], root: Path) -> None:
             ):
                 if flags & flag:
                     raise Refusal(
-                        f"{_rel(path, root)}: {kind} is {word} (chattr); "
-                        "nothing changed"
+                        f"{rel(path, root)}: {kind} is {word} (chattr); nothing changed"
                     )
             mode = path.stat().st_mode
             if not (mode & 0o222) or not os.access(path, os.W_OK):
                 raise Refusal(
-                    f"{_rel(path, root)}: {kind} is read-only; nothing changed"
+                    f"{rel(path, root)}: {kind} is read-only; nothing changed"
                 )
 
 
@@ -145,14 +144,16 @@ def _existing_parent(directory: Path) -> Path:
     return directory
 
 
-def _rel(path: Path, root: Path | None) -> str:
+def rel(path: Path, root: Path | None) -> str:
+    """path relative to root, where it is below it; else as it is."""
     if root is not None:
         with contextlib.suppress(ValueError):
             return str(path.relative_to(root))
     return str(path)
 
 
-def _reason(error: BaseException) -> str:
+def reason(error: BaseException) -> str:
+    """What went wrong, in a few words ("No space left on device: <file>")."""
     if isinstance(error, OSError) and error.strerror:
         where = f": {error.filename}" if error.filename else ""
         return f"{error.strerror}{where}"
@@ -192,6 +193,11 @@ def held_signals():
         _active = None
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def pending() -> list[int]:
+    """The held signals that arrived (empty when none are held)."""
+    return list(_active or [])
 
 
 def _stop_if(pending: list[int]) -> None:
@@ -330,7 +336,7 @@ def _rollback(steps: list[_Step], created: list[Path], root: Path | None) -> lis
     step. Returns what could not be undone, one sentence per file."""
     problems = []
     for step in reversed(steps):
-        rel = _rel(step.dest, root)
+        where = rel(step.dest, root)
         try:
             if step.done == "linked":  # the original is still in place
                 step.backup.unlink()
@@ -341,17 +347,17 @@ def _rollback(steps: list[_Step], created: list[Path], root: Path | None) -> lis
             step.done = ""
         except OSError as e:
             if step.done == "added":
-                problems.append(f"{rel} was added and is still there ({_reason(e)})")
+                problems.append(f"{where} was added and is still there ({reason(e)})")
             elif step.done == "linked":
                 problems.append(
-                    f"{rel} is as before; a copy remains as "
-                    f"{_rel(step.backup, root)} ({_reason(e)})"
+                    f"{where} is as before; a copy remains as "
+                    f"{rel(step.backup, root)} ({reason(e)})"
                 )
             else:
                 now = "removed" if step.done == "deleted" else "changed"
                 problems.append(
-                    f"{rel} is {now}, its original is kept as "
-                    f"{_rel(step.backup, root)} ({_reason(e)})"
+                    f"{where} is {now}, its original is kept as "
+                    f"{rel(step.backup, root)} ({reason(e)})"
                 )
         if step.tmp is not None:
             with contextlib.suppress(OSError):

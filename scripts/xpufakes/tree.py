@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import record
+from . import pins, record
 from .errors import USAGE, Refusal
 
 CHECKOUT, SDIST, SITE_PACKAGES = "git checkout", "sdist", "installed package"
@@ -28,6 +28,11 @@ class Tree:
     def has_tests(self) -> bool:
         """Whether vLLM's tests/ tree is here (not in an installed package)."""
         return self.shape != SITE_PACKAGES and (self.root / "tests").is_dir()
+
+    def receives(self, path: str) -> bool:
+        """Whether a file we add at `path` goes into this tree: files under
+        tests/ only where vLLM's tests/ tree is."""
+        return not path.startswith("tests/") or self.has_tests
 
 
 def locate(path: str) -> Tree:
@@ -143,9 +148,42 @@ def installed() -> Tree:
     return locate(list(spec.submodule_search_locations)[0])
 
 
-def detect_base(found: Tree):
-    """The pinned release the tree is, or is based on: base.Base(version,
-    pin, era, exact, series_fits, reason). See base.py."""
-    from . import base
+def vllm_files(root: Path) -> dict[str, Path]:
+    """Every file of the tree's vllm/ package (not its __pycache__), by its
+    path relative to root, in sorted order."""
+    found = {}
+    package = root / "vllm"
+    for directory, dirs, names in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        base = Path(directory)
+        rel = base.relative_to(root).as_posix()
+        for name in sorted(names):
+            found[f"{rel}/{name}"] = base / name
+    return dict(sorted(found.items(), key=lambda item: item[0].split("/")))
 
-    return base.detect_base(found)
+
+def python_sources(root: Path) -> dict[str, str]:
+    """path -> text of each Python file of the tree's vllm/ (what cannot
+    be read is left out)."""
+    found = {}
+    for rel, path in vllm_files(root).items():
+        if rel.endswith(".py"):
+            try:
+                found[rel] = path.read_text(errors="replace")
+            except OSError:
+                continue
+    return found
+
+
+def files_era(root: Path) -> tuple[str | None, str]:
+    """(era, why) from the files: which of the XPU op modules exist, and
+    what they contain."""
+    xpu_ops = root / "vllm" / "_xpu_ops.py"
+    ipex_ops = root / "vllm" / "_ipex_ops.py"
+    if xpu_ops.is_file():
+        return pins.KERNELS, "vllm/_xpu_ops.py exists"
+    if ipex_ops.is_file() and "intel_extension_for_pytorch" in ipex_ops.read_text(
+        errors="replace"
+    ):
+        return pins.IPEX, "vllm/_ipex_ops.py imports IPEX, no vllm/_xpu_ops.py"
+    return None, "neither vllm/_xpu_ops.py nor an IPEX-importing vllm/_ipex_ops.py"

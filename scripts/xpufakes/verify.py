@@ -13,11 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import NOT_HERE, Refusal
+from .ops import WRAPPER_OPS
 
 TEST_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
-# vLLM's own ops that return a GEMM's output unchanged -> that GEMM: the
-# wrapper is checked over the GEMM's cases (those its schema accepts).
-WRAPPER_OPS = {"vllm::xpu_fp8_bmm": "_xpu_C::fp8_bmm"}
 
 
 @dataclass
@@ -34,6 +32,24 @@ class OpResult:
 
 
 def run(vllm: Path | None, standins: str | None, full: bool = True) -> list[OpResult]:
+    """The opcheck grid of every registered fake: against the real kernels
+    on the XPU, or (standins) the stand-ins of that kernel release on the
+    CPU. A Python without torch cannot run it (NOT_HERE)."""
+    import sys
+
+    try:
+        return _run(vllm, standins, full)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "torch":
+            raise
+        raise Refusal(
+            f"{sys.executable} cannot import torch; run verify-xpu with the "
+            "Python that has vLLM and torch (PYTHON=...)",
+            status=NOT_HERE,
+        ) from None
+
+
+def _run(vllm: Path | None, standins: str | None, full: bool) -> list[OpResult]:
     import torch
 
     from . import loading
@@ -70,6 +86,8 @@ def run(vllm: Path | None, standins: str | None, full: bool = True) -> list[OpRe
         except Exception as e:  # noqa: BLE001 - every failure is a result
             result.failed += 1
             result.failures[case.id] = reason(e)
+    # vLLM's own ops that return a GEMM's output unchanged are checked over
+    # the GEMM's cases (those their schema accepts)
     for wrapper, gemm in WRAPPER_OPS.items():
         _check_wrapper(results, wrapper, gemm, device, full)
     del libraries

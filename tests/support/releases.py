@@ -35,7 +35,7 @@ def all_releases() -> list[str]:
 
 
 def era(version: str) -> str:
-    return pins.load().releases[version].series.split("-")[0]
+    return pins.load().releases[version].era
 
 
 def pristine(version: str) -> Path:
@@ -93,7 +93,7 @@ def apply(root: Path) -> None:
     pin = pins.load().get(version)
     plan = engine.Plan(found, pin, series.load(pin.series))
     state = engine.inspect(plan)
-    transaction.commit(engine.changes_to_apply(plan, state))
+    transaction.commit(engine.changes_to(plan, state, set(plan.names)))
 
 
 def gnu_patch(tree: Path, patches) -> None:

@@ -1,0 +1,68 @@
+"""The custom ops this project gives fakes to, by name: data, no logic that
+needs torch. The recipes wire the fakes in, the audit and the proof look
+for calls of these ops, verify-xpu checks their fakes."""
+
+import re
+from dataclasses import dataclass
+
+# The XPU kernel namespaces: vllm-xpu-kernels' and IPEX's.
+XPU_C, TORCH_IPEX = "_xpu_C", "torch_ipex"
+NAMESPACES = (XPU_C, TORCH_IPEX)
+
+# vllm-xpu-kernels' GEMMs (torch.ops._xpu_C.<gemm>), vLLM 0.16.0 on.
+XPU_C_GEMMS = (
+    "fp8_gemm",
+    "fp8_gemm_out",
+    "fp8_bmm",
+    "fp8_gemm_w8a16",
+    "fp4_gemm",
+    "int4_gemm_w4a16",
+    "int4_gemm_w4a8",
+)
+# IPEX's GEMM that vLLM 0.10.2 - 0.14.1 call from XPUFp8LinearMethod.apply.
+IPEX_GEMM = "torch_ipex::fp8_gemm_w8a16"
+# IPEX's weight-only-quantized linear module, called as layer.ipex_qlinear(x)
+# by the IPEX era's AWQ / GPTQ / wNa16 methods. Its forward reaches
+# torch_ipex ops registered as CompositeImplicitAutograd kernels, which
+# cannot take a fake; vllm/_ipex_woq_linear.py wraps the module in one op,
+# made by opaque_ipex_woq_linear(...).
+IPEX_WOQ = "torch_ipex::WeightOnlyQuantizedLinear.forward"
+IPEX_WOQ_WRAPPER = "opaque_ipex_woq_linear"
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A vLLM op (in vllm/_xpu_ops.py) that returns one of the _xpu_C GEMMs'
+    outputs unchanged: its fake must be that GEMM's."""
+
+    gemm: str  # the _xpu_C GEMM it returns
+    impl: str  # vLLM's implementation function
+    fake: str  # vLLM's fake function, which the recipe makes the GEMM's
+    canonical: str  # the fake of vllm/_xpu_gemm_fakes.py it delegates to
+
+
+WRAPPERS = {
+    "vllm::xpu_fp8_bmm": Wrapper(
+        "fp8_bmm", "_xpu_fp8_bmm_impl", "_xpu_fp8_bmm_fake", "fp8_bmm_fake"
+    ),
+}
+# wrapper op -> the GEMM ("vllm::xpu_fp8_bmm" -> "_xpu_C::fp8_bmm")
+WRAPPER_OPS = {op: f"{XPU_C}::{w.gemm}" for op, w in WRAPPERS.items()}
+
+# The ops of ours (by name, without overload).
+OURS = frozenset({f"{XPU_C}::{gemm}" for gemm in XPU_C_GEMMS} | {IPEX_GEMM, IPEX_WOQ})
+
+
+def is_ours(op: str) -> bool:
+    """Whether an op (as the audit names it, maybe with an overload) is ours."""
+    return op in OURS or op.split(".")[0] in OURS
+
+
+_XPU_C_GEMM_CALL = re.compile(
+    r"torch\.ops\." + XPU_C + r"\.(?:" + "|".join(XPU_C_GEMMS) + r")\b"
+)
+
+
+def calls_xpu_c_gemms(text: str) -> bool:
+    """Whether source text calls one of the _xpu_C GEMMs."""
+    return bool(_XPU_C_GEMM_CALL.search(text))

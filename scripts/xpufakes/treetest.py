@@ -1,0 +1,72 @@
+"""`make test-tree`: the tests the series adds to vLLM's tests/ tree, run
+inside a patched checkout or sdist with the Python that has that vLLM; and
+the one pytest command that runs them (stage validates with it too)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import base, engine, recipes
+from .errors import Refusal
+from .pipeline import PRINTED, Report
+from .tree import Tree
+
+# off XPU, the in-tree tests run only when asked to use the CPU reference
+CPU_REFERENCE = "VLLM_XPU_FAKES_CPU_REFERENCE"
+
+
+def command(python: str, tests: list[str]) -> list[str]:
+    """pytest on the in-tree tests, without vLLM's conftest.py (its fixtures
+    need a whole vLLM install) and without a cache in the tree."""
+    return [
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--noconftest",
+        *tests,
+    ]
+
+
+def environment(root: Path, base: dict[str, str]) -> dict[str, str]:
+    """`base` with the tree first on the Python path and, unless set, the
+    CPU reference kernels asked for."""
+    env = dict(base)
+    env.setdefault(CPU_REFERENCE, "1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    return env
+
+
+def test_tree(
+    found: Tree,
+    pytest_args: list[str] = (),
+    python: str = sys.executable,
+    report: Report = PRINTED,
+) -> int:
+    """Run the tree's copies of our in-tree tests; pytest's exit status."""
+    detected = base.detect_base(found)
+    plan = engine.Plan.of(found, detected.pin)
+    state = engine.inspect(plan)
+    report.line(f"{detected.reason}, {found.shape} at {found.root}: {state.summary}")
+    if not found.has_tests:
+        raise Refusal(
+            "an installed package has no tests/ tree; point VLLM at the vLLM "
+            "checkout or sdist it was built from"
+        )
+    tests = [p for p in plan.series.overlay if p.startswith("tests/") and "/test_" in p]
+    missing = [p for p in tests if not (found.root / p).is_file()]
+    if not tests or missing:
+        first = (missing or [recipes.TREE_TEST])[0]
+        raise Refusal(f"{first} is not in the tree; run make apply first")
+    sys.stdout.flush()  # the line above before pytest's own
+    done = subprocess.run(
+        command(python, [*tests, *pytest_args]),
+        cwd=found.root,
+        env=environment(found.root, dict(os.environ)),
+    )
+    return done.returncode
