@@ -1,11 +1,24 @@
 """Shared set-up: the tool's package on sys.path, which releases a run covers
 (--all-releases for every pinned one), and a warm torch for forked tests."""
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+
+# The proofs that passed are remembered (proof.ProofCache); each run of the
+# tests starts with none, so that every proof a test expects runs.
+if "VLLM_XPU_FAKES_PROOF_CACHE" not in os.environ:
+    _PROOFS = tempfile.mkdtemp(prefix="xpufakes-test-proofs-")
+    os.environ["VLLM_XPU_FAKES_PROOF_CACHE"] = _PROOFS
+
+    def pytest_unconfigure(config):
+        shutil.rmtree(_PROOFS, ignore_errors=True)
+
 
 from support import releases  # noqa: E402
 

@@ -20,6 +20,7 @@ texts, so the proof scans a tree edited in memory.
 """
 
 import ast
+import collections
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,15 +301,62 @@ def scan_tree(root: Path) -> tuple[dict[str, list[CallSite]], set[str]]:
     return scan(tree.python_sources(root))
 
 
-def scan(texts: dict[str, str]) -> tuple[dict[str, list[CallSite]], set[str]]:
+# What a module's text must hold for it to give the scan anything but
+# helper calls: an op call (the namespaces, vLLM's wrapper ops, or another
+# namespace's op in XPU code), a fake declared by name, a wrapped IPEX WOQ
+# module. A module without any is parsed only if it may call a helper.
+_OTHER_OP = re.compile(
+    r"\btorch(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*ops(?:\s|\\|#[^\n]*)*\."
+    r"(?:\s|\\|#[^\n]*)*(\w+)"
+)
+_DECLARES = ("register_fake", "impl_abstract", "register_custom_op", IPEX_WOQ_WRAPPER)
+_WRAPPER_NAMES = tuple(op.split("::")[1] for op in WRAPPER_OPS)
+
+
+def _may_give(path: str, text: str) -> bool:
+    """Whether a module may have op calls or declarations (see above): a
+    necessary condition, from its text."""
+    if any(ns in text for ns in NAMESPACES) or "ipex_qlinear" in text:
+        return True
+    if any(name in text for name in _WRAPPER_NAMES + _DECLARES):
+        return True
+    if "xpu" in path.lower() or "xpu" in text.lower():
+        return any(ns not in _TORCH_NAMESPACES for ns in _OTHER_OP.findall(text))
+    return False
+
+
+def _words(qualnames: set[str]) -> re.Pattern | None:
+    parts = sorted({p for q in qualnames for p in q.split(".")})
+    if not parts:
+        return None
+    return re.compile(r"\b(?:" + "|".join(re.escape(p) for p in parts) + r")\b")
+
+
+def scan(
+    texts: dict[str, str], lazy: bool = True
+) -> tuple[dict[str, list[CallSite]], set[str]]:
     """op -> call sites in vllm/, and the ops the source registers fakes for
     with a literal name; `texts`: path (relative to the tree) -> source of
-    each Python file of vllm/."""
+    each Python file of vllm/.
+
+    The modules scanned: those that name an op namespace, then (a few
+    levels) those that mention a module that calls an op. Of those, a module
+    is parsed only if it may give something (_may_give), or may call one of
+    the helpers found (every part of the helper's name is a word of its
+    text), until no more may: what the others would give is nothing (lazy;
+    not lazy, every one is parsed: the same result, slower)."""
     scans: dict[str, _ModuleScan] = {}
     unparsed: set[str] = set()
+    selected: dict[str, str] = {}  # module -> path, in the order chosen
+    pending: set[str] = set()  # paths selected, not parsed yet
+    modules = [_module_name(p) for p in texts]
+    # two files of one module name (a.py and a/__init__.py): parsed, as
+    # the first one chosen wins
+    twins = {m for m, n in collections.Counter(modules).items() if n > 1}
 
-    def scan(path: str) -> None:
+    def parse(path: str) -> None:
         module = _module_name(path)
+        pending.discard(path)
         if module in scans or path in unparsed:
             return
         result = _ModuleScan(module, path)
@@ -319,11 +367,19 @@ def scan(texts: dict[str, str]) -> tuple[dict[str, list[CallSite]], set[str]]:
             return
         scans[module] = result
 
-    # Modules that name an op namespace, then (a few levels) the modules that
-    # mention a module defining a helper.
+    def select(path: str) -> None:
+        module = _module_name(path)
+        if module in scans or path in unparsed or path in pending:
+            return
+        selected.setdefault(module, path)
+        if not lazy or module in twins or _may_give(path, texts[path]):
+            parse(path)
+        else:
+            pending.add(path)
+
     for path, text in texts.items():
         if any(ns in text for ns in NAMESPACES) or "ipex_qlinear" in text:
-            scan(path)
+            select(path)
     for _ in range(3):
         names = {m.rsplit(".", 1)[-1] for m, s in scans.items() if s.op_calls}
         if not names:
@@ -331,7 +387,7 @@ def scan(texts: dict[str, str]) -> tuple[dict[str, list[CallSite]], set[str]]:
         mentions = re.compile("|".join(re.escape(n) for n in sorted(names)))
         for path, text in texts.items():
             if _module_name(path) not in scans and mentions.search(text):
-                scan(path)
+                select(path)
 
     # vLLM ops the tree registers (OPAQUE_REGIONS), found in any module
     registered = {
@@ -340,57 +396,20 @@ def scan(texts: dict[str, str]) -> tuple[dict[str, list[CallSite]], set[str]]:
         if "direct_register_custom_op" in text
         for name in re.findall(r"""op_name\s*=\s*["'](\w+)["']""", text)
     }
-    sites: dict[str, list[CallSite]] = {}
-    helpers: dict[tuple[str, str], set[str]] = {}  # (module, qualname) -> ops
-    for scan in scans.values():
-        for op, line, function in scan.op_calls:
-            context = _context(scan, function)
-            inside = ""
-            if context in (TRACED, IF_ENABLED):
-                inside = _inside_opaque_op(scan, function, registered) or ""
-                context = OPAQUE if inside else context
-            sites.setdefault(op, []).append(
-                CallSite(scan.path, line, function, context, inside, scan.module)
-            )
-            if context in (TRACED, IF_ENABLED) and function != "<module>":
-                helpers.setdefault((scan.module, function), set()).add(op)
-
-    # Calls of helpers (functions and methods that call an op), followed
-    # through imports, a few levels deep.
-    seen: set[tuple[str, str]] = set()
-    for _ in range(3):
-        new: dict[tuple[str, str], set[str]] = {}
-        for scan in scans.values():
-            for call, line, function in scan.calls:
-                target = _resolve(scan, call.func, scans)
-                if (
-                    target is None
-                    or target not in helpers
-                    or target
-                    == (
-                        scan.module,
-                        function,
-                    )
-                ):
-                    continue
-                key = (scan.module, function, line, target)
-                if key in seen:  # (module, function, line, target)
-                    continue
-                seen.add(key)
-                context = _context(scan, function)
-                if context in (TRACED, IF_ENABLED) and _inside_opaque_op(
-                    scan, function, registered
-                ):
-                    context = OPAQUE
-                via = f"{target[0]}.{target[1]}"
-                for op in helpers[target]:
-                    sites.setdefault(op, []).append(
-                        CallSite(scan.path, line, function, context, via, scan.module)
-                    )
-                    if context in (TRACED, IF_ENABLED) and function != "<module>":
-                        new.setdefault((scan.module, function), set()).add(op)
-        for key, ops in new.items():
-            helpers.setdefault(key, set()).update(ops)
+    while True:
+        # where a dotted name resolves to: the modules chosen, parsed or not
+        known = set(scans) | {_module_name(p) for p in pending}
+        sites, helpers, seen = _follow(scans, known, registered)
+        words = _words({q for _, q in helpers})
+        maybe = []
+        for path in sorted(pending):
+            found = set(words.findall(texts[path])) if words else set()
+            if any(set(q.split(".")) <= found for _, q in helpers):
+                maybe.append(path)
+        if not maybe:
+            break
+        for path in maybe:
+            parse(path)
     # A helper's own call of an op (or of another helper) is traced only if
     # its callers are: label it, and let the callers' contexts count.
     called = {target for (_, _, _, target) in seen}
@@ -408,8 +427,60 @@ def scan(texts: dict[str, str]) -> tuple[dict[str, list[CallSite]], set[str]]:
     return sites, declared
 
 
+def _follow(
+    scans: dict[str, _ModuleScan], known: set[str], registered: set[str]
+) -> tuple[dict[str, list[CallSite]], dict, set]:
+    """The call sites of the ops, directly and through helpers (functions
+    and methods that call an op), followed through imports a few levels
+    deep; the helpers; the helper calls seen. `known`: every module chosen
+    for the scan, parsed or not (where a dotted name resolves to)."""
+    sites: dict[str, list[CallSite]] = {}
+    helpers: dict[tuple[str, str], set[str]] = {}  # (module, qualname) -> ops
+    for scan in scans.values():
+        for op, line, function in scan.op_calls:
+            context = _context(scan, function)
+            inside = ""
+            if context in (TRACED, IF_ENABLED):
+                inside = _inside_opaque_op(scan, function, registered) or ""
+                context = OPAQUE if inside else context
+            sites.setdefault(op, []).append(
+                CallSite(scan.path, line, function, context, inside, scan.module)
+            )
+            if context in (TRACED, IF_ENABLED) and function != "<module>":
+                helpers.setdefault((scan.module, function), set()).add(op)
+    seen: set[tuple] = set()
+    for _ in range(3):
+        new: dict[tuple[str, str], set[str]] = {}
+        for scan in scans.values():
+            for call, line, function in scan.calls:
+                target = _resolve(scan, call.func, known)
+                if target is None or target not in helpers:
+                    continue
+                if target == (scan.module, function):
+                    continue
+                key = (scan.module, function, line, target)
+                if key in seen:
+                    continue
+                seen.add(key)
+                context = _context(scan, function)
+                if context in (TRACED, IF_ENABLED) and _inside_opaque_op(
+                    scan, function, registered
+                ):
+                    context = OPAQUE
+                via = f"{target[0]}.{target[1]}"
+                for op in helpers[target]:
+                    sites.setdefault(op, []).append(
+                        CallSite(scan.path, line, function, context, via, scan.module)
+                    )
+                    if context in (TRACED, IF_ENABLED) and function != "<module>":
+                        new.setdefault((scan.module, function), set()).add(op)
+        for key, ops in new.items():
+            helpers.setdefault(key, set()).update(ops)
+    return sites, helpers, seen
+
+
 def _resolve(
-    scan: _ModuleScan, func: ast.expr, scans: dict[str, "_ModuleScan"]
+    scan: _ModuleScan, func: ast.expr, known: set[str]
 ) -> tuple[str, str] | None:
     """(module, qualname) of the function a call expression names, when it
     can be told from the module's imports and definitions."""
@@ -417,21 +488,21 @@ def _resolve(
         if func.id in scan.functions:
             return scan.module, func.id
         target = scan.imports.get(func.id)
-        return _split(target, scans) if target else None
+        return _split(target, known) if target else None
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
         base = func.value.id
         if base in scan.functions or f"{base}.{func.attr}" in scan.functions:
             return scan.module, f"{base}.{func.attr}"
         target = scan.imports.get(base)
         if target:
-            return _split(f"{target}.{func.attr}", scans)
+            return _split(f"{target}.{func.attr}", known)
     return None
 
 
-def _split(dotted: str, scans: dict[str, "_ModuleScan"]) -> tuple[str, str] | None:
+def _split(dotted: str, known: set[str]) -> tuple[str, str] | None:
     parts = dotted.split(".")
     for i in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:i])
-        if module in scans:
+        if module in known:
             return module, ".".join(parts[i:])
     return None
