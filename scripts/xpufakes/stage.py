@@ -250,6 +250,9 @@ def _stage(path, branch, python, test_args, full, pending):
             _git(root, "branch", "-D", branch, check=False, stop=False)
         raise
     _remove(root, made, work)
+    if pending:  # it arrived while the worktrees were removed: undo it all
+        _git(root, "branch", "-D", branch, check=False, stop=False)
+        raise transaction.Interrupted(pending[0])
     return branch, commits, text, results
 
 
