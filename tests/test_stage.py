@@ -413,7 +413,9 @@ def test_the_in_place_pr_text_says_what_was_validated(in_place):
 
 
 def test_the_in_place_test_skips_off_xpu_and_defines_no_op(in_place):
-    _, _, _, clone = in_place
+    root, _, _, clone = in_place
+    if "unreleased" not in str(root):
+        pytest.skip("the release's test is the same file")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_XPU_FAKES_CPU_REFERENCE"}
     env.update(PYTHONPATH=str(clone), PYTHONDONTWRITEBYTECODE="1")
     done = subprocess.run(
