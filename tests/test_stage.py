@@ -611,14 +611,23 @@ def _terminate_midway(checkout: Path, scripts: Path, tmp: Path):
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def worktrees() -> int:  # git may fail on one it is still making
+        listed = subprocess.run(
+            ["git", "-C", str(checkout), "worktree", "list"],
+            capture_output=True,
+            text=True,
+        )
+        return len(listed.stdout.splitlines()) if listed.returncode == 0 else 0
+
     deadline = time.monotonic() + 300
-    while len(_git(checkout, "worktree", "list").splitlines()) < 3:
+    while worktrees() < 3:
         assert child.poll() is None, child.communicate()
         assert time.monotonic() < deadline, "stage made no worktrees"
         time.sleep(0.02)
     time.sleep(0.5)  # into the tree's checks
     child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=120)
+    _, err = child.communicate(timeout=300)
     return child.returncode, err
 
 
