@@ -69,8 +69,8 @@ export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=versi
 	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
 	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
 
-stage: need-vllm venv-tree  ## the upstream cut as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name])
-	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)")
+stage: need-vllm venv-tree  ## the fix in place as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name] [FULL=1])
+	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)") $(if $(FULL),--full)
 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
 	@$(TOOL) verify-xpu $(if $(XPUFAKES_VLLM),--vllm "$$XPUFAKES_VLLM") $(ARGS)

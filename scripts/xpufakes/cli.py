@@ -476,6 +476,7 @@ def cmd_stage(args) -> int:
             args.branch or None,
             args.python or None,
             shlex.split(args.test_args or ""),
+            full=args.full,
         )
     print("the tree's own checks on the staged files:")
     print(treechecks.report(results))
@@ -609,6 +610,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub.add_argument(
         "--test-args", help="extra pytest arguments for the in-tree tests, e.g. -k"
+    )
+    sub.add_argument(
+        "--full",
+        action="store_true",
+        help="the whole overlay (reference kernels too), not the fix in place",
     )
     sub.set_defaults(func=cmd_stage)
 
