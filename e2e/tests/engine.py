@@ -27,13 +27,19 @@ MAX_TOKENS = 12
 
 # Every process of the engine: the plugin finds the reference kernels in this
 # checkout; vLLM's KV cache small (0.14.1 reads VLLM_CPU_KVCACHE_SPACE, GiB;
-# later releases gpu_memory_utilization); vLLM's compile cache off, because a
-# hit skips Dynamo -- and with it every fake -- and its key does not cover
-# the fake module (Inductor's own caches stay on: they run after the trace).
+# later releases gpu_memory_utilization). Caches that would reuse a graph
+# compiled with another fake are off: vLLM's compile cache (a hit skips
+# Dynamo, and with it every fake; its key does not cover the fake module) and
+# Inductor's FX-graph and AOTAutograd caches (their key does not cover what a
+# custom op's fake says about its output's strides: measured, a fake with the
+# wrong strides reused the code compiled with the right one). Inductor's C++
+# code cache stays on: keyed by the generated source, it cannot mask a fake.
 ENGINE_ENV = {
     "XPUFAKES_E2E_REPO": str(REPO),
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_DISABLE_COMPILE_CACHE": "1",
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc(inspect_worker)
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
@@ -55,7 +61,7 @@ def engine_env(tmp: Path, release: str, **extra: str) -> dict:
     # vLLM's own cache (model-class inspection; its compile cache is off)
     env["VLLM_CACHE_ROOT"] = str(cache / "vllm" / release)
     env["XPUFAKES_E2E_RECORD_DIR"] = str(tmp)
-    env.pop("XPUFAKES_E2E_WRONG_FAKE", None)
+    env.pop("XPUFAKES_E2E_WRONG_STANDIN", None)
     env.update(extra)
     return env
 

@@ -4,9 +4,9 @@ Per case (``cases.CASES``): the unpatched release compiled (dies at start-up
 with the fake-tensor error naming the GEMM, or, where vLLM's own fake is
 right for the path, works), the patched release eager and compiled (starts,
 no graph break, our fake registered, outputs agree with eager), the fix
-leaving eager unchanged. Per release: a deliberately wrong fake caught by the
-comparison, the venv byte-identical after make revert, the recipe path on a
-downstream-patched install, vllm serve with TP=2.
+leaving eager unchanged. Per release: a stand-in that disagrees with its
+fake caught by the comparison, the venv byte-identical after make revert,
+the recipe path on a downstream-patched install, vllm serve with TP=2.
 """
 
 import cases
@@ -145,15 +145,24 @@ def test_the_fix_leaves_eager_unchanged(case, scenarios):
 # ---------------------------------------------------------------------------
 
 
-def test_a_wrong_fake_is_caught_by_the_comparison(release, scenarios):
+def test_a_wrong_standin_is_caught_by_the_comparison(release, scenarios):
+    """A stand-in whose gate_up output is laid out otherwise than its fake
+    says (negative.py): the engine starts, and the comparison with eager
+    fails."""
     s = scenarios(release)
-    case = cases.named(release, cases.WRONG_FAKE[release])
-    wrong = s.need("wrong_fake")[f"{case.name}/compiled"]
-    eager = _ok(s.need("patched")[f"{case.name}/eager"])
+    case = cases.named(release, cases.WRONG_STANDIN[release])
+    patched = s.need("patched")
+    wrong = patched[f"{case.name}/compiled-wrong-standin"]
     worker = _worker(wrong)
-    assert worker["plugin"]["wrong_fake"] == case.fake
-    agreement = compare.teacher_forced(eager, wrong)
+    assert worker["plugin"]["wrong_standin"] == f"{case.fake}@{cases.GATE_UP}"
+    assert wrong["env"] == {"XPUFAKES_E2E_WRONG_NOW": "1"}
+    agreement = compare.teacher_forced(_ok(patched[f"{case.name}/eager"]), wrong)
     assert not agreement.within(compare.TOLERANCE[case.family]), str(agreement)
+    # and the same process's right run, with the knob armed, agrees
+    right = compare.teacher_forced(
+        patched[f"{case.name}/eager"], _ok(patched[f"{case.name}/compiled"])
+    )
+    assert right.within(compare.TOLERANCE[case.family]), str(right)
 
 
 def test_apply_patches_the_installed_wheel(release, scenarios):
@@ -194,9 +203,9 @@ def test_recipe_path_in_the_engine(recipe_release, scenarios):
 @pytest.mark.parametrize("serve_release", sorted(cases.SERVE))
 def test_vllm_serve_tp2_matches_llm(serve_release, scenarios):
     """The OpenAI server on loopback, TP=2, patched and compiled: the plugin
-    in every worker, and the same output as LLM compiled (TP=1: within the
-    case's tolerance, greedy tokens up to a near-tie; TP=2 sums the row-
-    parallel partial products in another order)."""
+    in every worker, and the same output as LLM compiled, within the case's
+    tolerance, greedy tokens up to a near-tie (the LLM at TP=2 where TP=2 is
+    another model, ``cases.SERVE_REFERENCE_TP``)."""
     s = scenarios(serve_release)
     served = s.need("serve")
     case = cases.named(serve_release, cases.SERVE[serve_release])
@@ -206,7 +215,10 @@ def test_vllm_serve_tp2_matches_llm(serve_release, scenarios):
         assert record["fakes"][case.fake]["function"].startswith(
             "vllm._xpu_gemm_fakes."
         ), record
-    llm = _ok(s.need("patched")[f"{case.name}/compiled"])
+    tp = cases.SERVE_REFERENCE_TP[serve_release]
+    name = f"{case.name}/compiled" + (f"-tp{tp}" if tp > 1 else "")
+    llm = _ok(s.need("patched")[name])
+    assert len(llm["workers"]) == tp
     _assert_agree(llm, served, case.family)
     reverted = s.need("serve_revert")
     assert reverted["returncode"] == 0 and not reverted["diff"], reverted

@@ -14,9 +14,10 @@ each worker) before a model is built. It
   ``overrides.OVERRIDES``;
 * imports the vLLM module that registers the XPU fakes, as vLLM does on an
   XPU at start-up. It registers no fake of its own: the fakes Dynamo meets
-  are the ones the vLLM tree registers (patched by this project or not),
-  except under the negative-control knob ``XPUFAKES_E2E_WRONG_FAKE``
-  (``negative.py``).
+  are the ones the vLLM tree registers (patched by this project or not).
+  ``XPUFAKES_E2E_WRONG_STANDIN`` (``negative.py``) makes one stand-in
+  deliberately disagree with its fake, the negative control of the tests'
+  output comparison.
 
 With ``XPUFAKES_E2E_RECORD_DIR`` set, each process writes what it did to
 ``plugin-<pid>.json`` there (the tests check that every worker has it).
@@ -35,14 +36,13 @@ def register() -> None:
     """The entry point; idempotent (vLLM may call it more than once)."""
     if _state:
         return
-    from . import negative, overrides, standins
+    from . import overrides, standins
 
     era, release = standins.vllm_era_and_release()
     _state.update(era=era, release=release, pid=os.getpid())
-    _state["standins"] = standins.install(era, release)
+    _state["standins"], _state["wrong_standin"] = standins.install(era, release)
     _state["overrides"] = overrides.apply(era)
     _state["registering_module"] = standins.import_registering_module(era)
-    _state["wrong_fake"] = negative.apply()
     _state["fakes"] = standins.fake_owners()
     _record()
 

@@ -96,23 +96,28 @@ def kernels_package(release: str) -> str:
     return pins["releases"][release]["kernels"]
 
 
-def install(era: str, release: str) -> list[str]:
-    """Define the stand-ins; returns the ops defined."""
+def install(era: str, release: str) -> tuple[list[str], str | None]:
+    """Define the stand-ins; returns the ops defined and the deliberately
+    wrong one (negative.py), if asked for."""
+    from . import negative
+
     ref = reference()
     if era == "ipex":
         _ipex_package(ref)
+        version = None
         definers = [ref.define_torch_ipex_kernels, ref.define_torch_ipex_woq_kernels]
     else:
         _xpu_kernels_package()
         package, _, version = kernels_package(release).partition(" ")
         assert package == "vllm-xpu-kernels", package
         definers = [lambda: ref.define_xpu_c_kernels(version)]
-    defined = []
+    wrong = negative.define(ref, version)
+    defined = [wrong] if wrong else []
     for define in definers:
         result = define()
         _LIBRARIES.append(result["library"])
         defined += [f"{result['library'].ns}::{op}" for op in result["ops"]]
-    return defined + _define_own_ops(era)
+    return defined + _define_own_ops(era), wrong
 
 
 def _with_spec(module: types.ModuleType, package: bool) -> types.ModuleType:
