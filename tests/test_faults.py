@@ -580,6 +580,31 @@ def _patch_as_at(commit: str, release: str, root: Path, scratch: Path) -> None:
 
 
 @pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
+@pytest.mark.parametrize(
+    ("version", "patches", "keep"),
+    [(KERNELS, "0001", None), (IPEX, "0002", "0001")],
+    ids=["kernels-0001", "ipex-0002"],
+)
+def test_patches_revert_of_a_tree_patched_by_an_earlier_version(
+    version, patches, keep, tmp_path
+):
+    """`revert PATCHES=...` on a tree patched as at EARLIER removes the
+    reverted patches' overlay files of that version too, and what it keeps
+    is this version's: the tree equals one where only `keep` was applied
+    (negative control: before issue 16 the older overlay file stayed)."""
+    root = small_tree.make(version, tmp_path / "tree")
+    _patch_as_at(EARLIER, version, root, tmp_path)
+    assert engine.OLDER in tool.run("status", str(root)).stdout
+    result = tool.run("revert", str(root), "--patches", patches)
+    assert result.returncode == 0, result.stderr
+    reference = small_tree.make(version, tmp_path / "reference")
+    if keep:
+        assert tool.run("apply", str(reference), "--patches", keep).returncode == 0
+    assert releases.file_hashes(root) == releases.file_hashes(reference)
+    assert not small_tree.strays(root)
+
+
+@pytest.mark.skipif(not _git_repo(), reason="needs this project's git history")
 def test_ipex_tree_patched_by_the_first_version(refs, tmp_path):
     """0.10.2 patched as the first committed version of the series and
     overlay did it (one patch, older overlay files): status calls those

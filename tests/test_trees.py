@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from support import releases, tool
+from support import releases, small_tree, tool
 from xpufakes import base, proof, tree
 
 IPEX_RELEASE, KERNELS_RELEASE = "0.14.1", "0.33.0"
@@ -126,6 +126,47 @@ def dev_relabel(root):
     return root
 
 
+# Every form in which a tree imports a vLLM build's native modules, at module
+# level (an image builder's vllm/_ipex_ops.py does `import vllm._C.ops`).
+NATIVE_IMPORTS = """
+import vllm._C
+import vllm._C.ops
+import vllm._C.ops as native_ops
+import vllm._moe_C
+import vllm._flashmla_C
+import vllm.cumem_allocator
+from vllm import cumem_allocator  # noqa: F401
+from vllm._C import ops  # noqa: F401
+from vllm._C.ops import fused_add_rms_norm, rms_norm  # noqa: F401
+from vllm.vllm_flash_attn import _vllm_fa2_C  # noqa: F401
+
+_NATIVE_RMS_NORM = native_ops.rms_norm  # looked up now, called later
+"""
+
+
+def report_image(root):
+    """The bug report's image tree: 0.10.2 plus an image builder's patch
+    (`0.10.3.dev0+g01efc7ef7.d20251125.xpu`) whose vllm/_ipex_ops.py imports
+    the build's own native modules at module level, in every form, and calls
+    them in its methods."""
+    releases.copy_of("0.10.2", root)
+    _relabel(root, "0.10.3.dev0+g01efc7ef7.d20251125.xpu")
+    ops = root / "vllm" / "_ipex_ops.py"
+    _replace(
+        ops,
+        '    logger.warning("Import error msg: %s", e.msg)\n',
+        '    logger.warning("Import error msg: %s", e.msg)\n' + NATIVE_IMPORTS,
+    )
+    _replace(
+        ops,
+        "        return ipex.llm.functional.rms_norm(input, weight, epsilon)\n",
+        "        out = torch.empty_like(input)\n"
+        "        vllm._C.ops.rms_norm(out, input, weight, epsilon)\n"
+        "        return out\n",
+    )
+    return root
+
+
 DOWNSTREAM_FAKE = """\
 if hasattr(torch.ops._xpu_C, "downstream_swizzle"):
 
@@ -139,7 +180,9 @@ if hasattr(torch.ops._xpu_C, "downstream_swizzle"):
 
 def wheel_xpu(root):
     """An installed wheel (site-packages) built as 0.33.0+xpu, whose
-    _xpu_ops.py has a new import and a fake of its own between vLLM's."""
+    _xpu_ops.py has a new import, a fake of its own between vLLM's and
+    imports the build's native modules (NATIVE_IMPORTS; the wheel has their
+    `.so` files, which cannot be loaded here)."""
     root.mkdir()
     shutil.copytree(releases.pristine(KERNELS_RELEASE) / "vllm", root / "vllm")
     info = root / "vllm-0.33.0+xpu.dist-info"
@@ -159,6 +202,15 @@ def wheel_xpu(root):
         'if hasattr(torch.ops._xpu_C, "fp8_gemm_w8a16"):',
         DOWNSTREAM_FAKE + 'if hasattr(torch.ops._xpu_C, "fp8_gemm_w8a16"):',
     )
+    _replace(
+        ops,
+        "\nlogger = init_logger(__name__)\n",
+        NATIVE_IMPORTS + "\n" + "import vllm._C_stable_libtorch\nimport vllm.fs_io_C\n"
+        "from vllm.spinloop import spin  # noqa: F401\n\n"
+        "logger = init_logger(__name__)\n",
+    )
+    for name in ("_C", "_moe_C", "_flashmla_C", "cumem_allocator"):
+        (root / "vllm" / f"{name}.abi3.so").write_bytes(b"\x7fELF not loadable here")
     return root
 
 
@@ -313,6 +365,93 @@ def test_installed_wheel_with_local_version(tmp_path):
         "0.33.0, its release",
         "vllm/_xpu_ops.py: changed by recipe",
     )
+
+
+def test_report_image_with_native_imports(tmp_path):
+    root = report_image(tmp_path / "tree")
+    _round_trip(
+        root,
+        root,
+        "vLLM 0.10.3.dev0+g01efc7ef7.d20251125.xpu (vllm/_version.py) is a "
+        "dev/local build: assuming base 0.10.2",
+        "proof: every op of ours",
+        "vllm/_ipex_ops.py: changed by recipe",
+    )
+
+
+# The stand-in for vLLM's compiled extensions before issue 16: a plain empty
+# module for names like vllm._C (the negative control).
+TODAYS_STUB = """
+import importlib.abc, importlib.machinery, re, sys, types
+from xpufakes import cli, loading
+
+class Stubs(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if re.fullmatch(r"vllm\\._(\\w+_)?C", fullname):
+            return importlib.machinery.ModuleSpec(fullname, self)
+    def create_module(self, spec):
+        return types.ModuleType(spec.name)
+    def exec_module(self, module):
+        pass
+
+loading.stub_vllm_extensions = lambda: sys.meta_path.append(Stubs())
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_report_image_is_refused_by_the_old_stand_in(tmp_path):
+    """Negative control: with the stand-in the proof and audit used before,
+    the report's image tree cannot be loaded."""
+    root = report_image(tmp_path / "tree")
+    result = subprocess.run(
+        [sys.executable, "-c", TODAYS_STUB, "verify-xpu", "--vllm", str(root)]
+        + ["--standins", "intel-extension-for-pytorch xpu", "--quick"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "No module named 'vllm._C.ops'; 'vllm._C' is not a package" in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "error"),
+    [
+        ("def rms_norm(x:\n    return x\n", "SyntaxError: '(' was never closed"),
+        (
+            "from vllm.utlis import cdiv  # a typo\n",
+            "ModuleNotFoundError: No module named 'vllm.utlis'",
+        ),
+    ],
+    ids=["syntax-error", "missing-module"],
+)
+def test_report_image_whose_own_python_is_broken_is_refused(tmp_path, module, error):
+    """The stand-ins answer for native modules only: an error in the tree's
+    own Python still fails the proof and the audit, naming the file."""
+    root = report_image(tmp_path / "tree")
+    (root / "vllm" / "downstream_norms.py").write_text(module)
+    _replace(
+        root / "vllm" / "_ipex_ops.py",
+        "import vllm._C\n",
+        "import vllm._C\nimport vllm.downstream_norms  # noqa: F401\n",
+    )
+    where = "vllm/downstream_norms.py, line 1: "
+    _refused_unchanged(
+        root,
+        ("apply", str(root)),
+        "the proof could not run",
+        f"vllm._ipex_ops cannot be imported: {where}",
+        error,
+        "nothing changed",
+    )
+    result = tool.run("audit", str(root))
+    assert result.returncode == 1, result.stdout
+    assert result.stderr.strip().splitlines() == [
+        "error: cannot load the tree's fakes against the stand-ins: "
+        f"vllm._ipex_ops cannot be imported: {where}{error}"
+    ]
 
 
 def test_unreleased_checkout_with_code_moved(tmp_path):
@@ -470,6 +609,78 @@ def test_status_and_revert_of_a_tree_applied_by_recipe(tmp_path):
     assert tool.run("revert", str(root)).returncode == 0
     assert ops.read_bytes() == original
     assert not (root / "vllm" / ".xpufakes-state.json").exists()
+
+
+def _small_recipe_tree(path):
+    """0.14.1's files the tool reads and writes, one of them changed
+    downstream: apply takes the recipe path (without the proof: not what
+    these tests are about)."""
+    root = small_tree.make(IPEX_RELEASE, path)
+    with open(root / "vllm" / "_ipex_ops.py", "a") as f:
+        f.write("# a downstream change\n")
+    return root
+
+
+def test_patches_revert_on_a_tree_applied_by_recipe(tmp_path):
+    """Revert by recipe restores each file's bytes from before every patch:
+    PATCHES= naming only some of those applied is refused with what to do
+    instead (before issue 16 it was ignored and every patch reverted)."""
+    root = _small_recipe_tree(tmp_path / "tree")
+    before = _hashes(root)
+    assert tool.run("apply", str(root), "--no-proof").returncode == 0
+    _refused_unchanged(
+        root,
+        ("revert", str(root), "--patches", "0002"),
+        "0001-xpu-register-fakes-for-ipex-gemms.patch, "
+        "0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch applied by recipe",
+        "to keep 0001-xpu-register-fakes-for-ipex-gemms.patch, run `make revert`, "
+        "then `make apply PATCHES='0001'`; nothing changed",
+    )
+    result = tool.run("revert", str(root), "--patches", "0001,0002")
+    assert result.returncode == 0, result.stderr
+    assert _hashes(root) == before
+
+    assert (
+        tool.run("apply", str(root), "--no-proof", "--patches", "0001").returncode == 0
+    )
+    applied = _hashes(root)
+    result = tool.run("revert", str(root), "--patches", "0002")
+    assert result.returncode == 0 and "not applied; nothing changed" in result.stdout
+    assert _hashes(root) == applied
+    assert tool.run("revert", str(root), "--patches", "0001").returncode == 0
+    assert _hashes(root) == before
+
+
+@pytest.mark.parametrize("undo", ["target-checked-out", "added-file-removed"])
+def test_apply_on_a_tree_applied_by_recipe_whose_change_is_undone(tmp_path, undo):
+    """A changed file back at its pre-apply bytes (`git checkout` of it), or
+    an added file removed: the fakes are not all in place, so apply does not
+    say `already applied` (it did before issue 16) but refuses, saying what
+    to do, status says the tree is partly applied, and revert restores the
+    tree as it was before apply."""
+    root = _small_recipe_tree(tmp_path / "tree")
+    target = root / "vllm" / "_ipex_ops.py"
+    pre_apply, before = target.read_bytes(), _hashes(root)
+    assert tool.run("apply", str(root), "--no-proof").returncode == 0
+    if undo == "target-checked-out":
+        target.write_bytes(pre_apply)
+        undone = "vllm/_ipex_ops.py"
+    else:
+        (root / "vllm" / "_xpu_gemm_fakes.py").unlink()
+        undone = "vllm/_xpu_gemm_fakes.py"
+    _refused_unchanged(
+        root,
+        ("apply", str(root)),
+        f"applied by recipe, but {undone} not: back at the pre-apply bytes or "
+        "removed since, so the fakes are not all in place; run `make revert "
+        f"VLLM={root}`, then apply again; nothing changed",
+    )
+    status = tool.run("status", str(root)).stdout
+    assert f"  {undone}: not applied" in status
+    assert f"state: partly applied by recipe ({undone}: not applied)" in status
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stderr
+    assert _hashes(root) == before
 
 
 def test_patches_selects_part_of_the_series(tmp_path):

@@ -525,6 +525,7 @@ def check_fakes(root: Path, kernels: str) -> dict[str, dict]:
     )
     if done.returncode not in (0, 1) or result is None:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = tail.removeprefix("error: ")
         raise Refusal(f"cannot load the tree's fakes against the stand-ins: {tail}")
     return {entry["op"]: entry for entry in result}
 

@@ -116,9 +116,13 @@ class _Committed:
 
 
 def _commit(
-    changes: list[transaction.Change], plan: engine.Plan, verb: str, state: str
+    changes: list[transaction.Change],
+    plan: engine.Plan,
+    verb: str,
+    state: str,
+    rows: dict | None = None,
 ) -> None:
-    changes = record.with_record(plan.tree.root, changes)
+    changes = record.with_record(plan.tree.root, changes, rows)
     transaction.writable_or_refuse(changes, plan.tree.root)
     try:
         leftovers = transaction.commit(changes, plan.tree.root)
@@ -268,19 +272,8 @@ def _recipe_header(found: tree.Tree, state: dict) -> None:
 
 def _apply_on_recipe_state(found: tree.Tree, state: dict, args) -> int:
     _recipe_header(found, state)
-    changed = live.changed_since(found, state)
-    if changed:
-        raise Refusal(
-            "changed since apply by recipe: "
-            + ", ".join(changed)
-            + f"; restore them (pre-apply bytes in {live.STATE_FILE}) or remove "
-            "that file; nothing changed"
-        )
-    wanted = live.select(
-        [r.name for r in recipes.RECIPES[_era_of_state(state)]],
-        args.patches,
-        "the recipes",
-    )
+    live.refuse_unless_applied(found, state)
+    wanted = live.select(live.recipe_names(state), args.patches, "the recipes")
     missing = [n for n in wanted if n not in state["patches"]]
     if missing:
         raise Refusal(
@@ -290,10 +283,6 @@ def _apply_on_recipe_state(found: tree.Tree, state: dict, args) -> int:
         )
     print("already applied; nothing changed")
     return OK
-
-
-def _era_of_state(state: dict) -> str:
-    return pins.load().get(state["base"]).series.split("-")[0]
 
 
 _APPLIED = {True: "applied", False: "not applied", None: "partly applied"}
@@ -307,13 +296,22 @@ def _partial_message(state: engine.TreeState) -> str:
     )
 
 
-def _revert_by_recipe(found: tree.Tree, state_file: dict) -> int:
+def _revert_by_recipe(found: tree.Tree, state_file: dict, patches) -> int:
     _recipe_header(found, state_file)
+    if not live.reverts_all(state_file, patches):
+        print("not applied; nothing changed")
+        return OK
     changes = live.changes_to_revert(found, state_file)
     pin = pins.load().get(state_file["base"])
     plan = engine.Plan(found, pin, series.load(pin.series))
     _sweep(plan, changes)
-    _commit(changes, plan, "reverted", "the tree was as it was before apply")
+    _commit(
+        changes,
+        plan,
+        "reverted",
+        "the tree was as it was before apply",
+        state_file.get("record"),
+    )
     for change in changes:
         rel = change.path.relative_to(found.root)
         print(f"  {rel}: {'removed' if change.data is None else 'restored'}")
@@ -326,7 +324,7 @@ def cmd_revert(args) -> int:
     with lock.tree_lock(found.root):
         state_file = live.read_state(found)
         if state_file is not None:
-            return _revert_by_recipe(found, state_file)
+            return _revert_by_recipe(found, state_file, args.patches)
         plan, where = _plan(args.vllm, found)
         print(f"{where} -> series {plan.series.name}")
         _sweep(plan)
@@ -400,10 +398,7 @@ def _status_by_recipe(found: tree.Tree, state: dict) -> int:
     files = live.file_states(found, state, pin.files)
     for path, status in files.items():
         print(f"  {path}: {status}")
-    if all(s in (live.APPLIED, live.APPLIED_MODIFIED) for s in files.values()):
-        print("state: patched by recipe")
-    else:
-        print("state: changed since apply by recipe")
+    print(f"state: {live.summary(files)}")
     return OK
 
 

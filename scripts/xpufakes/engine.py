@@ -330,9 +330,10 @@ def refuse_if_modified(plan: Plan, state: TreeState, reverting: bool = False) ->
 
 def changes_to_reach(plan: Plan, state: TreeState, keep: set[str]) -> list[Change]:
     """The changes that leave exactly the patches in `keep` applied (PATCHES=):
-    each file is its pristine text plus the diffs of the kept patches, the
-    kept patches' overlay files are present, the others' removed. Files that
-    would not change are left alone."""
+    each file is its pristine text plus this version's diffs of the kept
+    patches, the kept patches' overlay files are this version's, the others'
+    removed (an earlier version's too). Files that would not change are left
+    alone."""
     texts = {f.path: f.pristine_text for f in state.files if f.pristine_text}
     by_path = {f.path: f for f in state.files}
     for patch in plan.series.patches:
@@ -360,6 +361,8 @@ def changes_to_reach(plan: Plan, state: TreeState, keep: set[str]) -> list[Chang
             changes.append(
                 Change(plan.tree.root / o.path, plan.overlay_bytes(o.path), mode=0o644)
             )
-        elif not wanted and o.status == OURS:
+        elif wanted and o.status == OLDER:  # its target gets this version's diffs
+            changes.append(Change(plan.tree.root / o.path, plan.overlay_bytes(o.path)))
+        elif not wanted and o.status in (OURS, OLDER):
             changes.append(Change(plan.tree.root / o.path, None))
     return changes

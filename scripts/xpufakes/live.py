@@ -10,7 +10,8 @@ file, vllm/.xpufakes-state.json, that records what apply did:
      "patches": [<patch names>], "recipes_sha256": "<of recipes.py>",
      "files": {"<path>": {"before_sha256": ..., "after_sha256": ...,
                           "before": "<the pre-apply bytes, base64>"}},
-     "added": {"<path>": "<sha256>"}}
+     "added": {"<path>": "<sha256>"},
+     "record": {"<an installed wheel's RECORD>": {"<path>": "<its row>" | null}}}
 
 `status` reads it ("applied by recipe on a modified file"), `revert`
 restores the exact pre-apply bytes from it, refusing a file changed since.
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import recipes, series
+from . import pins, recipes, record, series
 from .base import IPEX, Base
 from .engine import sha256
 from .errors import Refusal
@@ -225,6 +226,8 @@ def by_recipe(
             for p, (old, new) in edited.items()
         },
         "added": {p: sha256(data) for p, data in added.items()},
+        # an installed wheel's RECORD rows as they were, for revert
+        "record": record.rows_before(found.root, [STATE_FILE, *edited, *added]),
     }
     # the state file first: it is in place before any file changes (and, in a
     # rollback, goes last), so `revert` can finish an apply that failed midway
@@ -288,10 +291,69 @@ def changed_since(found: Tree, state: dict) -> list[str]:
     return [p for p, s in states.items() if s == CHANGED]
 
 
-def all_applied(found: Tree, state: dict) -> bool:
-    return all(
-        s in (APPLIED, APPLIED_MODIFIED) for s in file_states(found, state, {}).values()
-    )
+def summary(states: dict[str, str]) -> str:
+    """The state of a tree applied by recipe, from file_states."""
+    if any(s == CHANGED for s in states.values()):
+        return "changed since apply by recipe"
+    missing = [p for p, s in states.items() if s == NOT_APPLIED]
+    if missing:
+        return (
+            f"partly applied by recipe ({', '.join(missing)}: not applied); "
+            "`make revert`, then `make apply`"
+        )
+    return "patched by recipe"
+
+
+def refuse_unless_applied(found: Tree, state: dict) -> None:
+    """apply on a tree applied by recipe: every file must be as apply left
+    it. A file changed since is refused; so is one back at its pre-apply
+    bytes, or an added file removed (a `git checkout` of the file): the
+    fakes are not all in place, and that tree is not "already applied"."""
+    states = file_states(found, state, {})
+    changed = [p for p, s in states.items() if s == CHANGED]
+    if changed:
+        raise Refusal(
+            "changed since apply by recipe: "
+            + ", ".join(changed)
+            + f"; restore them (pre-apply bytes in {STATE_FILE}) or remove "
+            "that file; nothing changed"
+        )
+    missing = [p for p, s in states.items() if s == NOT_APPLIED]
+    if missing:
+        raise Refusal(
+            f"applied by recipe, but {', '.join(missing)} not: back at "
+            "the pre-apply bytes or removed since, so the fakes are not all in "
+            f"place; run `make revert VLLM={found.root}`, then apply again; "
+            "nothing changed"
+        )
+
+
+def recipe_names(state: dict) -> list[str]:
+    """The names of the recipes of the era of a tree applied by recipe."""
+    era = pins.load().get(state["base"]).series.split("-")[0]
+    return [r.name for r in recipes.RECIPES[era]]
+
+
+def reverts_all(state: dict, selection: list[str] | None) -> bool:
+    """Whether revert by recipe goes ahead with PATCHES=: it restores each
+    file's bytes from before every patch, so it takes back all of them or
+    none; a selection naming only some of those applied is refused. False:
+    none of the patches named is applied."""
+    if not selection:
+        return True
+    named = select(recipe_names(state), selection, "the recipes")
+    applied = state["patches"]
+    if not set(named) & set(applied):
+        return False
+    kept = [n for n in applied if n not in named]
+    if kept:
+        numbers = " ".join(n.split("-", 1)[0] for n in kept)
+        raise Refusal(
+            f"{', '.join(applied)} applied by recipe, and revert by recipe "
+            f"takes them back together; to keep {', '.join(kept)}, run `make "
+            f"revert`, then `make apply PATCHES='{numbers}'`; nothing changed"
+        )
+    return True
 
 
 def changes_to_revert(found: Tree, state: dict) -> list[Change]:

