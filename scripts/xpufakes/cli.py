@@ -409,9 +409,8 @@ def cmd_fetch(args) -> int:
         raise Refusal("no release given (PIN=<release>)", status=USAGE)
     from . import fetch
 
-    for version in versions:
-        path = fetch.fetch(all_pins.get(version))
-        print(path if args.path else f"vLLM {version}: {path}")
+    for pin, path in fetch.fetch_all([all_pins.get(v) for v in versions]):
+        print(path if args.path else f"vLLM {pin.version}: {path}")
     return OK
 
 

@@ -3,8 +3,10 @@
 brings as new-file diffs, and a `series` file. Nothing of this project is
 needed to apply it.
 
-Each file's diff carries `index <pre>..<post>`, the git blob ids of the file
-before and after (the pristine file of the release exported for), so
+Each file's diff has the line numbers of the release exported for (a series
+serves several releases, with the line numbers of its first) and carries
+`index <pre>..<post>`, the git blob ids of the file before and after (the
+pristine file of that release), so `patch -F0` applies it with no offset and
 `git am -3` can fall back to a three-way merge on a tree whose context moved.
 The patches keep the series' file names. Author and sign-off: AUTHOR
 ("Name <email>"), else git's user.name / user.email, else the project's
@@ -99,30 +101,42 @@ def _git_style(diff: str, blobs: dict[str, tuple[str, str]]) -> str:
     return "".join(out)
 
 
-def _blobs(patch: series.Patch, texts: dict[str, str]) -> dict[str, tuple[str, str]]:
-    """(pre, post) blob ids of the files the patch changes, given the text
-    of each file before the patch; `texts` is updated to after it."""
+def _for_release(
+    patch: series.Patch, texts: dict[str, str]
+) -> tuple[str, dict[str, tuple[str, str]]]:
+    """The patch's diff with the line numbers of the release whose files are
+    `texts` (each file before the patch; updated to after it), and the
+    (pre, post) blob ids of the files it changes. A series serves several
+    releases whose diffs differ only in line numbers (authoring.py): the
+    hunks are the series', found in the release's file and renumbered."""
+    parts = []
     blobs = {}
     for d in patch.file_diffs:
         if d.path not in texts:
-            continue
+            raise Refusal(f"{patch.name}: {d.path} is not in this release")
         before = texts[d.path]
         after = unidiff.apply(before, d)
+        text = unidiff.unified(before, after, d.path)
+        (renumbered,) = unidiff.parse(text)
+        if [h.lines for h in renumbered.hunks] != [h.lines for h in d.hunks]:
+            raise Refusal(
+                f"{patch.name}: {d.path}: its hunks do not carry over to this "
+                "release's file unchanged; run `make refresh`"
+            )
+        parts.append(text)
         blobs[d.path] = (
             blob_id(before.encode("utf-8", "surrogateescape")),
             blob_id(after.encode("utf-8", "surrogateescape")),
         )
         texts[d.path] = after
-    return blobs
+    return "".join(parts), blobs
 
 
 def message(
-    patch: series.Patch,
-    overlay_root: Path | None = None,
-    texts: dict[str, str] | None = None,
+    patch: series.Patch, texts: dict[str, str], overlay_root: Path | None = None
 ) -> Message:
-    """The patch as a commit; `texts`: the files before it (for the index
-    lines), updated to after it."""
+    """The patch as a commit; `texts`: the release's files before it (for
+    its line numbers and index lines), updated to after it."""
     subject, body = _description(patch)
     trailers = [
         f"{name}: {patch.field(name)}"
@@ -135,7 +149,8 @@ def message(
     full_body = "\n\n".join(
         part for part in (body, "\n".join(trailers), "\n".join(signoffs)) if part
     )
-    diff = _git_style(patch.diff, _blobs(patch, texts if texts is not None else {}))
+    diff, blobs = _for_release(patch, texts)
+    diff = _git_style(diff, blobs)
     for path in patch.overlay:
         data = series.overlay_source(path, overlay_root).read_bytes()
         diff += new_file_diff(path, data)
@@ -183,7 +198,7 @@ def export_series(name: str, out: Path, pin: pins.Pin) -> list[Path]:
     written = []
     total = len(loaded.patches)
     for number, patch in enumerate(loaded.patches, 1):
-        msg = message(patch, texts=texts)
+        msg = message(patch, texts)
         target = out / patch.name  # the series' name, as status prints it
         target.write_text(format_patch(msg, number, total))
         written.append(target)

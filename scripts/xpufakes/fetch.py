@@ -2,7 +2,9 @@
 
 The package index is pip's: PIP_INDEX_URL, else the index-url of pip's
 configuration, else pip's default. The sdist must match the sha256 pinned in
-patches/pins.toml; a download that does not is discarded.
+patches/pins.toml; a download that does not is discarded. A download shows
+its progress on stderr (progress.py); a release already in the cache is
+silent.
 """
 
 import hashlib
@@ -17,10 +19,11 @@ import tarfile
 import tempfile
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
-from . import paths
+from . import paths, progress
 from .errors import Refusal
 from .pins import Pin
 
@@ -133,42 +136,70 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download(pin: Pin) -> Path:
-    """The verified sdist in the cache (downloaded if not there yet)."""
+def download(pin: Pin, step: str = "") -> Path:
+    """The verified sdist in the cache (downloaded if not there yet, its
+    progress shown; `step`: "k/N" of several)."""
     target = sdist_path(pin)
     if target.is_file() and _sha256_of(target) == pin.sdist_sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     url = sdist_url(pin.version)
+    name = f"vllm-{pin.version}.tar.gz"
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
+    shown = None
     try:
         with (
             os.fdopen(fd, "wb") as out,
             urllib.request.urlopen(url, timeout=600, context=_ssl_context()) as r,
         ):
-            shutil.copyfileobj(r, out, 1 << 20)
+            length = r.headers.get("Content-Length", "")
+            shown = progress.Download(
+                name, int(length) if length.isdigit() else None, step
+            )
+            while block := r.read(1 << 16):
+                out.write(block)
+                shown.advance(len(block))
         actual = _sha256_of(Path(tmp))
         if actual != pin.sdist_sha256:
             raise Refusal(
-                f"vllm-{pin.version}.tar.gz has sha256 {actual}, pinned "
-                f"{pin.sdist_sha256}; discarded"
+                f"{name} has sha256 {actual}, pinned {pin.sdist_sha256}; discarded"
             )
         os.replace(tmp, target)
+        shown.verified("sha256 verified")
+        shown = None
     except OSError as e:
-        raise Refusal(f"cannot download vllm-{pin.version}.tar.gz: {e}") from None
+        raise Refusal(f"cannot download {name}: {e}") from None
     finally:
+        if shown is not None:
+            shown.failed()
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
 
 
-def fetch(pin: Pin) -> Path:
+def cached(pin: Pin) -> bool:
+    """Whether the release is unpacked and verified in the cache."""
+    marker = tree_path(pin) / _MARKER
+    return marker.is_file() and marker.read_text().strip() == pin.sdist_sha256
+
+
+def fetch_all(chosen: list[Pin]) -> Iterator[tuple[Pin, Path]]:
+    """fetch() each release, in turn; when there are several, the downloads
+    are numbered "k/N" (N: how many are not in the cache yet)."""
+    missing = [pin.version for pin in chosen if not cached(pin)]
+    for pin in chosen:
+        step = ""
+        if len(chosen) > 1 and pin.version in missing:
+            step = f"{missing.index(pin.version) + 1}/{len(missing)}"
+        yield pin, fetch(pin, step)
+
+
+def fetch(pin: Pin, step: str = "") -> Path:
     """The unpacked, verified release in the cache."""
     tree = tree_path(pin)
-    marker = tree / _MARKER
-    if marker.is_file() and marker.read_text().strip() == pin.sdist_sha256:
+    if cached(pin):
         return tree
-    sdist = download(pin)
+    sdist = download(pin, step)
     tree.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{pin.version}-"))
     try:
