@@ -8,7 +8,7 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,6 @@ class Engine:
     venv: Path
     models: Path
     work: Path
-    runs_done: list = field(default_factory=list)
 
     @property
     def site_packages(self) -> Path:
@@ -165,12 +164,3 @@ class Engine:
             runs={r["name"]: r["startup_s"] for r in results["runs"]},
         )
         return {r["name"]: r for r in results["runs"]}
-
-
-def case_runs(cases: dict, modes=("eager", "compiled")) -> list[dict]:
-    """One run per case and mode; cases: name -> (format, LLM arguments)."""
-    return [
-        {"name": f"{name}/{mode}", "format": fmt, "mode": mode, "llm": llm}
-        for name, (fmt, llm) in cases.items()
-        for mode in modes
-    ]
