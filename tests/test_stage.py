@@ -1,25 +1,35 @@
-"""`make stage`: the upstream cut on a branch of a vLLM checkout -- the
-newest release and an untagged, unreleased checkout derived from it --
-checked with the tree's own pre-commit hooks, validated before/after, with
-a vLLM-style commit and the tree's PR template; refusals.
+"""`make stage`: the fix on a branch of a vLLM checkout -- the newest release
+and an untagged, unreleased checkout derived from it -- checked with the
+tree's own pre-commit hooks, validated before/after, with vLLM-style commits
+and the tree's PR template; refusals; a signal midway.
+
+Two cuts: by default the fix in place (the fakes of vllm/_xpu_ops.py
+corrected where they stand, a small XPU-only test; its size is counted
+here), and the full cut (--full: the fake module, the in-tree test with its
+CPU reference kernels). Both are staged on the unreleased checkout; the
+tagged release gets the in-place cut (the full cut with --all-releases).
 
 The 0.33.0 sdist carries vLLM's .pre-commit-config.yaml, tools/pre_commit/
 and .github/PULL_REQUEST_TEMPLATE.md, so the checkouts made from it have
-them. Staging validates with .venv-tree (vLLM's dependencies); the in-tree
-test runs on a few cases here (`--test-args -k ...`) to stay cheap."""
+them. Staging validates with .venv-tree (vLLM's dependencies); the full
+cut's in-tree test runs on a few cases here (`--test-args -k ...`)."""
 
+import ast
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from test_tool import _checkout_like
 
 from support import releases, tool
-from xpufakes import paths, treechecks
+from xpufakes import inplace, isolated, paths, recipes, treechecks
 
 RELEASE = "0.33.0"  # the newest release
 # vLLM's dependencies; XPUFAKES_TREE_PYTHON points at another .venv-tree
@@ -63,7 +73,7 @@ def _unreleased(root) -> None:
     subprocess.run(["git", "commit", "-qam", "main moves on"], cwd=root, env=env)
 
 
-def _stage(root, *extra: str) -> subprocess.CompletedProcess:
+def _stage(root, *extra: str, **kwargs) -> subprocess.CompletedProcess:
     return tool.run(
         "stage",
         str(root),
@@ -72,6 +82,7 @@ def _stage(root, *extra: str) -> subprocess.CompletedProcess:
         "--test-args",
         FEW_TESTS,
         *extra,
+        **kwargs,
     )
 
 
@@ -89,22 +100,17 @@ def _clone(base, root):
     return root
 
 
-@pytest.fixture(scope="module", params=["unreleased", "release"])
-def staged(request, tmp_path_factory, release_checkout):
-    """(checkout, stage result, branch, clone of the branch). The release
-    itself is staged with --all-releases only: its cut is the unreleased
-    checkout's (same era, same pins), and each staging takes a minute."""
+def _staged(tmp_path_factory, release_checkout, kind: str, *extra: str):
+    """(checkout, stage result, branch, clone of the branch)."""
     if not TREE_PYTHON.exists():
         pytest.skip("no .venv-tree (make venv-tree sets it up)")
-    if request.param == "release" and not request.config.getoption("--all-releases"):
-        pytest.skip("the tagged release is staged with --all-releases")
-    work = tmp_path_factory.mktemp(request.param)
+    work = tmp_path_factory.mktemp(kind)
     root = _clone(release_checkout, work / "vllm")
-    if request.param == "unreleased":
+    if kind == "unreleased":
         _unreleased(root)
     _identity(root)
     head = _git(root, "rev-parse", "HEAD")
-    result = _stage(root)
+    result = _stage(root, *extra)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     branch = re.search(r"^branch (\S+):", result.stdout, re.M).group(1)
     assert _git(root, "rev-parse", "HEAD") == head  # the user's branch is untouched
@@ -112,6 +118,22 @@ def staged(request, tmp_path_factory, release_checkout):
     _git(work, "clone", "-q", "--branch", branch, str(root), str(clone))
     _identity(clone)
     return root, result, branch, clone
+
+
+@pytest.fixture(scope="module", params=["unreleased", "release"])
+def staged(request, tmp_path_factory, release_checkout):
+    """The full cut (--full). The release itself is staged so with
+    --all-releases only: its cut is the unreleased checkout's (same era,
+    same pins), and each staging takes a minute."""
+    if request.param == "release" and not request.config.getoption("--all-releases"):
+        pytest.skip("the tagged release is staged with --all-releases")
+    return _staged(tmp_path_factory, release_checkout, request.param, "--full")
+
+
+@pytest.fixture(scope="module", params=["unreleased", "release"])
+def in_place(request, tmp_path_factory, release_checkout):
+    """The default cut, the fix in place, on both checkouts."""
+    return _staged(tmp_path_factory, release_checkout, request.param)
 
 
 def test_stage_makes_one_signed_vllm_style_commit(staged):
@@ -244,6 +266,187 @@ def test_importing_the_staged_test_off_xpu_defines_no_op(staged):
 
 
 # ---------------------------------------------------------------------------
+# The default cut: the fix in place
+# ---------------------------------------------------------------------------
+
+AIM = 350  # changed lines in all (issue 19), tests included
+XPU_OPS = "vllm/_xpu_ops.py"
+QUANTIZATION_CI = ".buildkite/intel_jobs/quantization_intel.yaml"
+IN_PLACE_FILES = {XPU_OPS, recipes.TREE_TEST, QUANTIZATION_CI}
+# 0.33.0's fake blocks and vLLM's own op that returns fp8_bmm's output
+GEMMS = ("fp8_gemm", "fp8_gemm_w8a16", "fp4_gemm", "int4_gemm_w4a8", "int4_gemm_w4a16")
+OPS = {f"_xpu_C::{g}" for g in GEMMS} | {"vllm::xpu_fp8_bmm"}
+
+
+def _numstat(root, *revisions) -> dict[str, int]:
+    """path -> lines added + removed."""
+    out = _git(root, "diff", "--numstat", *revisions)
+    return {
+        name: int(added) + int(removed)
+        for added, removed, name in (line.split("\t") for line in out.splitlines())
+    }
+
+
+def test_in_place_cut_is_two_signed_commits(in_place):
+    root, _, branch, _ = in_place
+    commits = _git(root, "log", "--format=%s", f"HEAD..{branch}").splitlines()
+    assert commits == [inplace.WRAPPER_SUBJECT, inplace.SUBJECT]
+    for commit in (branch, f"{branch}~1"):
+        author = _git(root, "log", "-1", "--format=%an <%ae>", commit)
+        assert author == "Ada Stager <ada@example.invalid>"
+        message = _git(root, "log", "-1", "--format=%B", commit)
+        assert message.rstrip().endswith(f"Signed-off-by: {author}")
+        assert "Test Plan:" in message and "6 of 6 ops conform" in message
+        for vendor_text in ("Upstream status", "This variant applies", "llm-scaler"):
+            assert vendor_text not in message
+    # the wrapper's commit: its fake and its test cases, nothing else
+    assert set(_numstat(root, f"{branch}~1", branch)) == {XPU_OPS, recipes.TREE_TEST}
+    wrapper = _git(root, "diff", f"{branch}~1", branch, "--", XPU_OPS)
+    assert "_xpu_fp8_bmm_fake" in wrapper and "if hasattr" not in wrapper
+
+
+def test_in_place_cut_is_within_the_aim(in_place):
+    """The size a reviewer reads, counted: under the aim, in three files, no
+    new module, no reference kernels."""
+    root, _, branch, _ = in_place
+    stat = _numstat(root, "HEAD", branch)
+    assert set(stat) == IN_PLACE_FILES, stat
+    assert sum(stat.values()) <= AIM, stat
+    diff = _git(root, "diff", "HEAD", branch)
+    for absent in ("vllm._xpu_gemm_fakes", "xpu_gemm_reference", "define_xpu_c_"):
+        assert absent not in diff, absent
+
+
+def _signature(function: ast.FunctionDef) -> str:
+    return ast.dump(function.args) + ast.dump(function.returns)
+
+
+def _fakes(text: str) -> list[tuple[str, ast.FunctionDef]]:
+    """(op, its fake) of each `if hasattr(torch.ops._xpu_C, op)` block, in
+    order, and vLLM's own xpu_fp8_bmm fake."""
+    body = ast.parse(text).body
+    found = [
+        (recipes._xpu_c_gemm_guard(n), next(f for f in n.body if hasattr(f, "args")))
+        for n in body
+        if recipes._xpu_c_gemm_guard(n)
+    ]
+    return found + [
+        ("xpu_fp8_bmm", n)
+        for n in body
+        if getattr(n, "name", "") == "_xpu_fp8_bmm_fake"
+    ]
+
+
+def test_the_fakes_are_corrected_where_they_stand(in_place):
+    """Each fake keeps its block, name and signature; its body is a few
+    lines calling one shared output rule, defined once before the blocks."""
+    root, _, _, clone = in_place
+    before = _fakes((root / XPU_OPS).read_text())
+    text = (clone / XPU_OPS).read_text()
+    after = _fakes(text)
+    assert (
+        [op for op, _ in before] == [op for op, _ in after] == [*GEMMS, "xpu_fp8_bmm"]
+    )
+    for (_, old), (op, new) in zip(before, after, strict=True):
+        assert (new.name, _signature(new)) == (old.name, _signature(old)), op
+        assert new.end_lineno - new.body[0].lineno < 5, op  # a few lines
+        assert "_onednn_output(" in ast.unparse(new), op
+    helpers = [
+        n for n in ast.parse(text).body if getattr(n, "name", "").startswith("_")
+    ]
+    first_block = min(f.lineno for _, f in after[:-1])
+    rule = next(n for n in helpers if n.name == "_onednn_output")
+    assert rule.lineno < first_block
+    assert [n.name for n in helpers].count("_onednn_output") == 1
+    assert "import regex" not in text and "_kernel_has" not in text  # pinned release
+
+
+def test_the_tree_checks_pass_on_the_in_place_branch(in_place):
+    _, result, _, clone = in_place
+    assert "ruff-check: passed" in result.stdout and "mypy: passed" in result.stdout
+    results = treechecks.run(clone, sorted(IN_PLACE_FILES))
+    assert [r.hook for r in results if r.status == treechecks.FAILED] == []
+    ran = {r.hook for r in results if r.status == treechecks.PASSED}
+    assert {"ruff-check", "ruff-format", "mypy", "check-test-tethering"} <= ran
+
+
+def _grid(tree: Path) -> dict[str, dict]:
+    done, ops = isolated.run_verb(
+        ["verify-xpu", "--vllm", str(tree), "--standins", "vllm-xpu-kernels 0.1.15.4"]
+        + ["--quick"],
+        "--json-out",
+    )
+    assert ops is not None, done.stderr[-2000:]
+    return {op["op"]: op for op in ops}
+
+
+def test_the_in_place_fakes_pass_the_grid_and_the_unpatched_ones_fail(in_place):
+    """Validation, independently of stage's own run: the staged tree's fakes
+    conform on the opcheck grid against the CPU reference kernels; the
+    checkout's own (unpatched) fakes fail it (negative control)."""
+    root, _, _, clone = in_place
+    if "unreleased" not in str(root):
+        pytest.skip("stage's own run shows the release's (test_the_in_place_pr_text)")
+    after, before = _grid(clone), _grid(root)
+    assert {op for op, r in after.items() if r["ok"]} >= OPS
+    for op in OPS:
+        assert not before[op]["ok"], op
+        assert any("test_faketensor" in m for m in before[op]["failures"].values()), op
+
+
+def test_the_in_place_pr_text_says_what_was_validated(in_place):
+    root, result, _, _ = in_place
+    text = result.stdout[result.stdout.index("<!-- markdownlint-disable -->") :]
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings == ["Overview", "Claims", "Validation", "Details"]
+    validation = text[text.index("## Validation") : text.index("## Details")]
+    assert "0 of 6 ops conform" in validation and "6 of 6 ops conform" in validation
+    before, after = re.findall(r"-> (\d+) of (\d+) cases pass", validation)
+    assert int(before[0]) < int(before[1]) and after[0] == after[1]
+    assert "test_faketensor: MetadataMismatchError" in validation  # the messages
+    assert "Not in this change: _xpu_C::fp8_bmm, _xpu_C::fp8_gemm_out" in (
+        " ".join(validation.split())
+    )
+    assert "CPU reference kernels" in validation  # how it was validated
+    lines = re.search(r"^Lines: \+(\d+) -(\d+)$", text, re.M)
+    assert int(lines.group(1)) + int(lines.group(2)) <= AIM
+
+
+def test_the_in_place_test_skips_off_xpu_and_defines_no_op(in_place):
+    root, _, _, clone = in_place
+    if "unreleased" not in str(root):
+        pytest.skip("the release's test is the same file")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_XPU_FAKES_CPU_REFERENCE"}
+    env.update(PYTHONPATH=str(clone), PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        + ["--noconftest", recipes.TREE_TEST],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert re.search(r"\b60 skipped\b", done.stdout), done.stdout[-500:]
+
+
+def test_make_stage_full_passes_the_flag():
+    done = subprocess.run(
+        ["make", "-n", "-C", str(paths.REPO), "stage", "VLLM=/x", "FULL=1"],
+        capture_output=True,
+        text=True,
+    )
+    assert " --full" in done.stdout, done.stdout
+    default = subprocess.run(
+        ["make", "-n", "-C", str(paths.REPO), "stage", "VLLM=/x"],
+        capture_output=True,
+        text=True,
+    )
+    assert "--full" not in default.stdout
+
+
+# ---------------------------------------------------------------------------
 # Refusals
 # ---------------------------------------------------------------------------
 
@@ -332,3 +535,136 @@ def test_failing_tree_checks_fail_the_verb(checkout):
     assert "check-forbidden-imports" in result.stderr.splitlines()[-1]
     assert "xpu-gemm-fakes" not in _git(checkout, "branch")
     assert Path(checkout).is_dir()
+
+
+@needs_tree_venv
+def test_lint_debt_says_whose_each_finding_is(checkout):
+    """Issue 16 part 4: the tree's ruff fails on a file the change touches;
+    each finding says whether the change brings it or the tree had it. Here
+    the tree has an unused import in vllm/_xpu_ops.py, and its ruff selects
+    N803 (argument names in lower case), which the shared helper's `A`, `B`
+    break."""
+    ops = checkout / XPU_OPS
+    ops.write_text(
+        ops.read_text().replace("import torch\n", "import torch\nimport copy\n", 1)
+    )
+    pyproject = checkout / "pyproject.toml"
+    text = pyproject.read_text()
+    assert text.count("\nselect = [\n") == 1
+    pyproject.write_text(text.replace("\nselect = [\n", '\nselect = [\n    "N803",\n'))
+    _git(checkout, "commit", "-qam", "lint debt")
+    result = _stage(checkout)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "error: the tree's own checks fail on the staged files: ruff-check"
+    ), result.stderr
+    findings = re.findall(r"^(\S+):\d+:\d+: (\w+) (.*) \((.*)\)$", result.stdout, re.M)
+    whose: dict[tuple, set[str]] = {}
+    for path, code, message, who in findings:
+        whose.setdefault((path, code, message), set()).add(who)
+    assert whose[(XPU_OPS, "F401", "`copy` imported but unused")] == {treechecks.OLD}
+    # the shared helper's `A`, and the tree's own `A` further down the file
+    ours = (XPU_OPS, "N803", "Argument name `A` should be lowercase")
+    assert whose[ours] == {treechecks.ADDED, treechecks.OLD}, findings
+    assert "xpu-gemm-fakes" not in _git(checkout, "branch")
+
+
+def test_classify_tells_added_old_and_caused_findings():
+    def finding(row, code="F401", text="import x"):
+        return {
+            "path": "a.py",
+            "code": code,
+            "message": "m",
+            "text": text,
+            "location": {"row": row, "column": 1},
+        }
+
+    after = [finding(3), finding(9, "E501", "y = 1"), finding(12, text="import z")]
+    before = [finding(5)]  # the same finding, moved down by the change
+    found = treechecks.classify(after, before, {"a.py": {9, 10}})
+    assert [whose for _, whose in found] == [
+        treechecks.OLD,
+        treechecks.ADDED,
+        treechecks.CAUSED,  # a line the change kept, a finding it brought
+    ]
+
+
+# ---------------------------------------------------------------------------
+# A signal midway (issue 16 part 6)
+# ---------------------------------------------------------------------------
+
+# The last commit whose stage neither held signals nor added its worktrees
+# inside the clean-up (the negative control runs its code).
+UNHELD_COMMIT = "413d9e8"
+
+
+def _terminate_midway(checkout: Path, scripts: Path, tmp: Path):
+    """Start stage, SIGTERM it once its two worktrees exist; (status,
+    stderr). Its temporary files go to `tmp`."""
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(scripts), TMPDIR=str(tmp))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "xpufakes", "stage", str(checkout)]
+        + ["--python", str(TREE_PYTHON)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def worktrees() -> int:  # git may fail on one it is still making
+        listed = subprocess.run(
+            ["git", "-C", str(checkout), "worktree", "list"],
+            capture_output=True,
+            text=True,
+        )
+        return len(listed.stdout.splitlines()) if listed.returncode == 0 else 0
+
+    deadline = time.monotonic() + 300
+    while worktrees() < 3:
+        assert child.poll() is None, child.communicate()
+        assert time.monotonic() < deadline, "stage made no worktrees"
+        time.sleep(0.02)
+    time.sleep(0.5)  # into the tree's checks
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=300)
+    return child.returncode, err
+
+
+def _leftovers(checkout: Path, tmp: Path) -> list[str]:
+    return (
+        [b for b in _git(checkout, "branch").split() if "xpu-gemm-fakes" in b]
+        + _git(checkout, "worktree", "list").splitlines()[1:]
+        + [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]
+    )
+
+
+@needs_tree_venv
+def test_sigterm_midway_leaves_nothing(checkout, tmp_path):
+    status, err = _terminate_midway(checkout, tool.SCRIPTS, tmp_path / "tmp")
+    assert status == 128 + signal.SIGTERM, err
+    assert "interrupted by SIGTERM" in err.splitlines()[-1], err
+    assert _leftovers(checkout, tmp_path / "tmp") == []
+    assert _git(checkout, "status", "--porcelain") == ""
+
+
+@needs_tree_venv
+@pytest.mark.skipif(
+    not (paths.REPO / ".git").exists(), reason="needs this project's git history"
+)
+def test_sigterm_midway_stranded_todays_stage(checkout, tmp_path):
+    """Negative control: the stage of UNHELD_COMMIT, killed the same way,
+    leaves its branch, both worktrees and its temporary directory."""
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(paths.REPO), "archive", UNHELD_COMMIT]
+        + ["scripts", "vllm_overlay", "patches"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    status, _ = _terminate_midway(checkout, old / "scripts", tmp_path / "tmp")
+    assert status == -signal.SIGTERM
+    left = _leftovers(checkout, tmp_path / "tmp")
+    assert len(left) == 4, left  # the branch, two worktrees, the directory

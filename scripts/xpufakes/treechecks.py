@@ -10,6 +10,14 @@ the cache, keyed by those releases. A hook that needs the network or a tool
 that is not a Python package (clang-format, markdownlint, shellcheck,
 actionlint, cargo) runs only if one of the files is of its kind, and is then
 reported as not run, with the reason.
+
+Given the tree as it was before the change (`before`), each finding of a
+failing ruff says whose it is: "in lines this change adds", "already in the
+tree before this change", or, for one in a line the change leaves as it was
+that the tree did not have (an import the change left unused), "caused by
+this change in a line it does not change"; a file ruff format would change
+says whether it was formatted before. Child processes run through
+children.py, so that a signal `stage` holds stops them.
 """
 
 import hashlib
@@ -17,13 +25,14 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import venv
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
+from . import children, paths
 from .errors import Refusal
 
 CONFIG = ".pre-commit-config.yaml"
@@ -94,7 +103,7 @@ def _environment(config: str) -> Path:
         return home
     if not python.exists():
         venv.create(home, with_pip=True)
-    result = subprocess.run(
+    result = children.run(
         [
             str(python),
             "-m",
@@ -125,7 +134,7 @@ def _typos(home: Path, config: str) -> Path | None:
     binary = home / "bin" / "typos"
     if marker.is_file():
         return binary if binary.exists() else None
-    subprocess.run(
+    children.run(
         [
             str(home / "bin" / "python"),
             "-m",
@@ -153,7 +162,7 @@ def _hooks(home: Path, root: Path) -> list[dict]:
         "print(json.dumps({'hooks': hooks, 'exclude': config.get('exclude', '^$'),"
         " 'stages': config.get('default_stages')}))\n"
     )
-    out = subprocess.run(
+    out = children.run(
         [str(home / "bin" / "python"), "-c", script, str(root / CONFIG)],
         capture_output=True,
         text=True,
@@ -213,14 +222,37 @@ def selected(hook: dict, files: list[str]) -> list[str]:
 
 
 def _run(name: str, command: list[str], root: Path, env: dict) -> Result:
-    result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    result = children.run(command, cwd=root, env=env, capture_output=True, text=True)
     shown = " ".join(shlex.quote(c) for c in command)
     output = (result.stdout + result.stderr).strip()
     return Result(name, PASSED if result.returncode == 0 else FAILED, shown, output)
 
 
-def run(root: Path, files: list[str]) -> list[Result]:
-    """Run the tree's offline pre-commit hooks on `files` (relative to root)."""
+def formatter(root: Path) -> Callable[[str], str]:
+    """Format Python source as the tree's ruff format does for vllm/ files
+    (its pinned ruff, its configuration)."""
+    if not (root / CONFIG).is_file():
+        raise Refusal(f"{root} has no {CONFIG}; cannot format as the tree does")
+    ruff = str(_environment((root / CONFIG).read_text()) / "bin" / "ruff")
+
+    def format_text(text: str) -> str:
+        done = children.run(
+            [ruff, "format", "--stdin-filename", "vllm/_xpu_ops.py", "-"],
+            input=text,
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise Refusal(f"the tree's ruff cannot format: {done.stderr.strip()}")
+        return done.stdout
+
+    return format_text
+
+
+def run(root: Path, files: list[str], before: Path | None = None) -> list[Result]:
+    """Run the tree's offline pre-commit hooks on `files` (relative to root);
+    `before`: the tree before the change (says whose ruff's findings are)."""
     if not (root / CONFIG).is_file():
         raise Refusal(f"{root} has no {CONFIG}; cannot run the tree's own checks")
     config = (root / CONFIG).read_text()
@@ -248,7 +280,10 @@ def run(root: Path, files: list[str]) -> list[Result]:
                 command = [str(home / "bin" / "ruff"), "format", "--check", *chosen]
             else:
                 command = [str(home / "bin" / "ruff"), "check", "--no-fix", *chosen]
-            results.append(_run(name, command, root, env))
+            result = _run(name, command, root, env)
+            if result.status == FAILED and before is not None:
+                result.output = _whose(hook_id, command, root, before, chosen, env)
+            results.append(result)
         elif hook["repo"].endswith("/typos"):
             binary = _typos(home, config)
             if binary is None:
@@ -267,6 +302,99 @@ def run(root: Path, files: list[str]) -> list[Result]:
             why = f"needs {hook['repo']} ({hook.get('language', 'remote')})"
             results.append(Result(name, SKIPPED, output=why))
     return results
+
+
+ADDED = "in lines this change adds"
+OLD = "already in the tree before this change"
+CAUSED = "caused by this change in a line it does not change"
+
+
+def added_lines(root: Path, path: str) -> set[int]:
+    """The lines of the staged file that the change adds (git diff --cached)."""
+    diff = children.run(
+        ["git", "-C", str(root), "diff", "--cached", "-U0", "--", path],
+        capture_output=True,
+        text=True,
+    ).stdout
+    found: set[int] = set()
+    for match in re.finditer(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff, re.M):
+        start, count = int(match.group(1)), int(match.group(2) or 1)
+        found.update(range(start, start + count))
+    return found
+
+
+def _findings(ruff: str, tree: Path, files: list[str], env: dict) -> list[dict]:
+    present = [f for f in files if (tree / f).is_file()]
+    if not present:
+        return []
+    done = children.run(
+        [ruff, "check", "--no-fix", "--output-format", "json", *present],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    try:
+        found = json.loads(done.stdout or "[]")
+    except json.JSONDecodeError:
+        return []
+    for finding in found:
+        name = (tree / finding["filename"]).resolve()
+        finding["path"] = str(name.relative_to(tree.resolve()))
+        lines = (tree / finding["path"]).read_text(errors="replace").splitlines()
+        row = finding["location"]["row"]
+        finding["text"] = lines[row - 1].strip() if 0 < row <= len(lines) else ""
+    return found
+
+
+def classify(after: list[dict], before: list[dict], added: dict[str, set[int]]):
+    """[(finding, whose)]: ADDED, OLD or CAUSED (see the module's text).
+    A finding was in the tree before if one of the same rule, message and
+    line text was (each earlier finding accounts for one later one)."""
+    earlier = Counter((f["path"], f["code"], f["message"], f["text"]) for f in before)
+    out = []
+    for finding in after:
+        key = (finding["path"], finding["code"], finding["message"], finding["text"])
+        if finding["location"]["row"] in added.get(finding["path"], set()):
+            whose = ADDED
+        elif earlier[key] > 0:
+            earlier[key] -= 1
+            whose = OLD
+        else:
+            whose = CAUSED
+        out.append((finding, whose))
+    return out
+
+
+def _whose(
+    hook_id: str, command: list[str], root: Path, before: Path, files: list[str], env
+) -> str:
+    """The failing ruff's output, each finding (or file) saying whose it is."""
+    ruff = command[0]
+    if hook_id == "ruff-format":
+        lines = []
+        for path in files:
+            check = [ruff, "format", "--check", path]
+            if children.run(check, cwd=root, env=env, capture_output=True).returncode:
+                was = (before / path).is_file() and children.run(
+                    check, cwd=before, env=env, capture_output=True
+                ).returncode
+                why = "unformatted " + (OLD if was else "by this change")
+                lines.append(f"Would reformat: {path} ({why})")
+        return "\n".join(lines + [f"{len(lines)} file(s) would be reformatted"])
+    found = classify(
+        _findings(ruff, root, files, env),
+        _findings(ruff, before, files, env),
+        {path: added_lines(root, path) for path in files},
+    )
+    lines = [
+        f"{f['path']}:{f['location']['row']}:{f['location']['column']}: "
+        f"{f['code']} {f['message']} ({whose})"
+        for f, whose in found
+    ]
+    counts = Counter(whose for _, whose in found)
+    summary = "; ".join(f"{n} {whose}" for whose, n in counts.items())
+    return "\n".join(lines + [f"Found {len(found)} error(s): {summary}"])
 
 
 def report(results: list[Result]) -> str:

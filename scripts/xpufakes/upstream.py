@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import recipes
 
-MARKER = re.compile(r"^[ \t]*# xpufakes: ([a-z-]+) (begin|end)[ \t]*\n?$")
+MARKER = re.compile(r"^[ \t]*# xpufakes: ([a-z0-9_-]+) (begin|end)[ \t]*\n?$")
 
 # torch release that first has a dtype the fakes look up with getattr.
 TORCH_DTYPE_SINCE = {
@@ -64,13 +64,19 @@ def _version(text: str) -> tuple[int, ...] | None:
 
 
 def pinned(requirements: str, package: str) -> tuple[int, ...] | None:
-    """The release `package==X` pins in a requirements file (None if it is
-    not pinned to exactly one release). `-` and `_` are the same."""
+    """The release `package==X` pins in a requirements file, or the one
+    `package @ <url>/<package>-X-<tags>.whl` names (None if it is not pinned
+    to exactly one release). `-` and `_` are the same."""
     name = "[-_]".join(re.escape(part) for part in re.split(r"[-_]", package))
     found = re.findall(
         rf"^\s*{name}\s*==\s*([0-9][^\s;#,]*)", requirements, re.M | re.I
     )
-    return _version(found[0]) if len(found) == 1 else None
+    found += re.findall(
+        rf"^\s*{name}\s*@\s*\S*/{name}-([0-9][^-/\s]*)-\S*\.whl\b",
+        requirements,
+        re.M | re.I,
+    )
+    return _version(found[0]) if len(set(found)) == 1 else None
 
 
 def target_of(root: Path, era: str) -> Target:
@@ -484,6 +490,16 @@ def _imported_from(text: str, module: str) -> set[str]:
     }
 
 
+def for_target(text: str, target: Target) -> str:
+    """A kernels-era overlay file as the tree uses it: without the entries of
+    the namespaces it does not use, its kernels pin folded in, without the
+    shims for torch releases it does not support (marked regions are
+    already stripped)."""
+    text = _drop_dict_entries(text, target.unused_namespaces)
+    text = fold_kernel_gates(text, target.kernels)
+    return drop_torch_shims(text, target.torch)
+
+
 def cut(files: dict[str, str], target: Target) -> dict[str, str]:
     """The upstream cut of the overlay files `files` (path -> canonical
     text), given the tree's edited files among `files` too (they are only
@@ -506,10 +522,7 @@ def cut(files: dict[str, str], target: Target) -> dict[str, str]:
         if path not in out:
             continue
         text = drop_docstring_items(out[path], target.unused_namespaces)
-        text = _drop_dict_entries(text, target.unused_namespaces)
-        text = fold_kernel_gates(text, target.kernels)
-        text = drop_torch_shims(text, target.torch)
-        out[path] = prune(text, names)
+        out[path] = prune(for_target(text, target), names)
     if recipes.FAKES_MODULE in out:
         text = drop_docstring_items(out[recipes.FAKES_MODULE], ())
         out[recipes.FAKES_MODULE] = use_vllm_logger(text)

