@@ -16,7 +16,7 @@ PACKAGE = tool.SCRIPTS / "xpufakes"
 # module must be placed here.
 LAYERS = [
     # data and plain helpers, nothing of the tool's own
-    "__init__ errors paths ops unidiff progress streams",
+    "__init__ errors paths ops unidiff progress streams intree",
     # the pinned releases, the series on disk, changing files atomically
     "pins series transaction selection isolated history",
     "record lock fetch recipes children",

@@ -326,9 +326,9 @@ def _fakes(text: str) -> list[tuple[str, ast.FunctionDef]]:
     order, and vLLM's own xpu_fp8_bmm fake."""
     body = ast.parse(text).body
     found = [
-        (recipes._xpu_c_gemm_guard(n), next(f for f in n.body if hasattr(f, "args")))
+        (recipes.xpu_c_gemm_guard(n), next(f for f in n.body if hasattr(f, "args")))
         for n in body
-        if recipes._xpu_c_gemm_guard(n)
+        if recipes.xpu_c_gemm_guard(n)
     ]
     return found + [
         ("xpu_fp8_bmm", n)

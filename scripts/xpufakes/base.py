@@ -28,8 +28,7 @@ from pathlib import Path
 
 from . import engine, pins, series
 from .errors import Refusal
-from .pins import IPEX, KERNELS, version_tuple  # noqa: F401 - for stage
-from .tree import CHECKOUT, Tree, detect_version, files_era  # noqa: F401
+from .tree import CHECKOUT, Tree, detect_version, files_era
 
 
 @dataclass(frozen=True)
@@ -47,14 +46,11 @@ class Base:
         return not self.series_fits
 
 
-_VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(.*)$")
-
-
 def _split(version: str) -> tuple[tuple[int, ...], str]:
-    match = _VERSION.match(version)
-    if not match:
+    found = pins.split_version(version)
+    if found is None:
         raise Refusal(f"cannot read vLLM version {version!r}; set VLLM_VERSION")
-    return version_tuple(match.group(1)), match.group(2)
+    return found
 
 
 def git_describe(root: Path) -> tuple[str, int] | None:

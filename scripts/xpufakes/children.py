@@ -26,7 +26,7 @@ def run(
 ) -> subprocess.CompletedProcess:
     """subprocess.run(command, input=..., check=..., **kwargs) (capture_output,
     text, cwd, env, ...)."""
-    pending = transaction._active
+    pending = transaction.held()
     if pending is None:
         return subprocess.run(command, input=input, check=check, **kwargs)
     if kwargs.pop("capture_output", False):

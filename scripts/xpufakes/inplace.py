@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths, prtext, recipes, upstream, verify
+from . import ops, paths, prtext, recipes, tree, upstream
 
 XPU_OPS = "vllm/_xpu_ops.py"
 TEST_SOURCE = Path("in-place") / recipes.TREE_TEST  # under vllm_overlay/
@@ -59,11 +59,13 @@ Formatter = Callable[[str], str]
 # ---------------------------------------------------------------------------
 
 
-_GEMM_CALL = re.compile(r"torch\.ops\._xpu_C\.(\w+)(?:\.\w+)?$")
+def _wrapper(fake: str) -> ops.Wrapper:
+    """The wrapper op whose fake function is `fake`."""
+    return next(w for w in ops.WRAPPERS.values() if w.fake == fake)
 
 
 def _wrapper_impls() -> set[str]:
-    return {impl for impl, _, _ in recipes.XPU_C_GEMM_WRAPPERS.values()}
+    return {w.impl for w in ops.WRAPPERS.values()}
 
 
 def called_gemms(sources: dict[str, str]) -> set[str]:
@@ -78,13 +80,13 @@ def called_gemms(sources: dict[str, str]) -> set[str]:
                 isinstance(child, ast.FunctionDef) and child.name in skip
             )
             if isinstance(child, ast.Call) and not inner:
-                match = _GEMM_CALL.match(ast.unparse(child.func))
-                if match and match.group(1) in recipes.XPU_C_GEMMS:
-                    found.add(match.group(1))
+                gemm = ops.xpu_c_gemm_of(ast.unparse(child.func))
+                if gemm:
+                    found.add(gemm)
             visit(child, inner)
 
     for text in sources.values():
-        if recipes.calls_xpu_c_gemms(text):
+        if ops.calls_xpu_c_gemms(text):
             try:
                 visit(ast.parse(text), False)
             except SyntaxError:
@@ -93,23 +95,21 @@ def called_gemms(sources: dict[str, str]) -> set[str]:
 
 
 def _blocks(body: list[ast.stmt]) -> dict[str, ast.If]:
-    return {
-        recipes._xpu_c_gemm_guard(n): n for n in body if recipes._xpu_c_gemm_guard(n)
-    }
+    return {recipes.xpu_c_gemm_guard(n): n for n in body if recipes.xpu_c_gemm_guard(n)}
 
 
 def gemms_of(ops_text: str, sources: dict[str, str]) -> list[str]:
     """The GEMMs to fix: those with a fake block (in file order), then those
-    the code calls without one (in recipes.XPU_C_GEMMS order)."""
+    the code calls without one (in ops.XPU_C_GEMMS order)."""
     blocks = list(_blocks(ast.parse(ops_text).body))
     called = called_gemms(sources)
-    return blocks + [g for g in recipes.XPU_C_GEMMS if g in called - set(blocks)]
+    return blocks + [g for g in ops.XPU_C_GEMMS if g in called - set(blocks)]
 
 
 def wrappers_of(ops_text: str) -> list[str]:
-    """The wrapper ops' fakes the tree has (recipes.XPU_C_GEMM_WRAPPERS)."""
+    """The wrapper ops' fakes the tree has (ops.WRAPPERS)."""
     names = {n.name for n in ast.parse(ops_text).body if isinstance(n, ast.FunctionDef)}
-    return [fake for fake in recipes.XPU_C_GEMM_WRAPPERS if fake in names]
+    return [w.fake for w in ops.WRAPPERS.values() if w.fake in names]
 
 
 # ---------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def _canonical_fakes(canonical: str) -> dict[str, str]:
     XPU_GEMM_FAKES table)."""
     for node in ast.parse(canonical).body:
         if isinstance(node, ast.AnnAssign | ast.Assign) and "XPU_GEMM_FAKES" in (
-            upstream._defined(node)
+            upstream.defined(node)
         ):
             table = {}
             for key, value in zip(node.value.keys, node.value.values, strict=True):
@@ -286,11 +286,11 @@ def helpers(canonical: str, roots: set[str]) -> tuple[str, list[ast.stmt]]:
         n
         for n in module.body
         if n in imports
-        or upstream._is_docstring(n)
+        or upstream.is_docstring(n)
         or (isinstance(n, ast.FunctionDef) and n.name in roots)
     ]
     for node in sorted(drop, key=lambda n: n.lineno, reverse=True):
-        upstream._delete_lines(lines, upstream._first_line(node), node.end_lineno)
+        upstream.delete_lines(lines, upstream.first_line(node), node.end_lineno)
     kept = [ln for ln in lines if not ln.startswith("# ---")]
     # a banner's title lines, now between blank lines
     out = []
@@ -300,7 +300,7 @@ def helpers(canonical: str, roots: set[str]) -> tuple[str, list[ast.stmt]]:
         )
         if not (line.startswith("# ") and alone):
             out.append(line)
-    return upstream._tidy("".join(out)).strip("\n") + "\n", imports
+    return upstream.tidy("".join(out)).strip("\n") + "\n", imports
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +311,7 @@ def helpers(canonical: str, roots: set[str]) -> tuple[str, list[ast.stmt]]:
 def _module_names(body: list[ast.stmt]) -> set[str]:
     names: set[str] = set()
     for node in body:
-        names |= upstream._defined(node)
+        names |= upstream.defined(node)
         if isinstance(node, ast.If | ast.Try):
             names |= _module_names(node.body + getattr(node, "orelse", []))
     return names
@@ -401,7 +401,7 @@ def fix_xpu_ops(
     blocks = _blocks(body)
     tree_functions = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
     roots = {fake_of[g] for g in gemms}
-    roots |= {recipes.XPU_C_GEMM_WRAPPERS[w][2] for w in wrappers}
+    roots |= {_wrapper(w).canonical for w in wrappers}
     canonical = slim(canonical, roots)
     functions = _functions(canonical)
     shared, imports = helpers(canonical, roots)
@@ -424,14 +424,15 @@ def fix_xpu_ops(
         new = _new_block(canonical, functions[fake_of[gemm]], gemm)
         edits.append((last + 1, last, "\n\n" + formatter(new)))
     for name in wrappers:
-        impl_name, gemm, canonical_name = recipes.XPU_C_GEMM_WRAPPERS[name]
+        wrapper = _wrapper(name)
+        impl_name, gemm, canonical_name = wrapper.impl, wrapper.gemm, wrapper.canonical
         fake, impl = tree_functions[name], tree_functions.get(impl_name)
-        if impl is None or not recipes._returns_gemm_unchanged(impl, gemm):
+        if impl is None or not recipes.returns_gemm_unchanged(impl, gemm):
             raise CutError(
                 f"{impl_name} no longer returns torch.ops._xpu_C.{gemm}(...) "
                 f"unchanged; {name} needs a new look"
             )
-        first = _above(lines, upstream._first_line(fake))
+        first = _above(lines, upstream.first_line(fake))
         new = _snippet(lines, first, _header_end(fake))
         new += _body_for(canonical, functions[canonical_name], fake)
         edits.append((first, fake.end_lineno, formatter(new)))
@@ -603,11 +604,8 @@ class Cut:
         """The ops the validation checks, as verify-xpu names them."""
         wrapped = [
             op
-            for op, gemm in verify.WRAPPER_OPS.items()
-            if any(
-                recipes.XPU_C_GEMM_WRAPPERS[w][1] == gemm.split("::")[1]
-                for w in self.wrappers
-            )
+            for op, gemm in ops.WRAPPER_OPS.items()
+            if any(_wrapper(w).gemm == gemm.split("::")[1] for w in self.wrappers)
         ]
         return [f"_xpu_C::{g}" for g in self.gemms] + wrapped
 
@@ -621,11 +619,11 @@ def cut(root: Path, formatter: Formatter, sources: dict[str, str] | None = None)
     """The in-place cut of the kernels-era checkout at root."""
     ops_text = (root / XPU_OPS).read_text()
     canonical = canonical_for(upstream.target_of(root, "kernels"))
-    sources = sources if sources is not None else _sources(root)
+    sources = sources if sources is not None else tree.python_sources(root)
     gemms = gemms_of(ops_text, sources)
     missing = [g for g in gemms if g not in _blocks(ast.parse(ops_text).body)]
     wrappers = wrappers_of(ops_text)
-    tests = (root / "tests").is_dir()
+    tests = tree.locate(str(root)).receives(recipes.TREE_TEST)
     files = {XPU_OPS: fix_xpu_ops(ops_text, canonical, gemms, [], formatter)}
     ci = {}
     if tests:
@@ -667,15 +665,5 @@ def _rewrap(text: str) -> str:
         if re.search(r"^\s*- ", paragraph, re.M):
             out.append(paragraph)
         else:
-            out.append(prtext._wrap(" ".join(paragraph.split())))
+            out.append(prtext.wrap(" ".join(paragraph.split())))
     return "\n\n".join(out)
-
-
-def _sources(root: Path) -> dict[str, str]:
-    found = {}
-    for path in sorted((root / "vllm").rglob("*.py")):
-        try:
-            found[str(path.relative_to(root))] = path.read_text(errors="replace")
-        except OSError:
-            continue
-    return found

@@ -4,6 +4,7 @@ string that verify-xpu, the audit and the proof load ("vllm-xpu-kernels
 "; "). Read without torch."""
 
 import re
+import urllib.parse
 from pathlib import Path
 
 from . import ops, paths, pins, recipes, tree
@@ -11,21 +12,34 @@ from . import ops, paths, pins, recipes, tree
 XPU_KERNELS, IPEX = "vllm-xpu-kernels", "intel-extension-for-pytorch"
 REFERENCE = paths.OVERLAY / recipes.TREE_TEST_REFERENCE
 
-_XPU_KERNELS_PIN = re.compile(r"vllm[_-]xpu[_-]kernels(?:==|.*?-)(\d+(?:\.\d+)+)")
-_IPEX_PIN = re.compile(
-    r"intel[_-]extension[_-]for[_-]pytorch(?:\s*==\s*|.*?-)([\w.]+?)(?:%2B|\+)xpu"
-)
+
+def pinned_release(requirements: str, package: str) -> str | None:
+    """The release `package==X` pins in a requirements file, or the one
+    `package @ <url>/<package>-X-<tags>.whl` names ("2.8.10.post0+xpu"),
+    None if it is not pinned to exactly one release. `-` and `_` are the
+    same."""
+    name = "[-_]".join(re.escape(part) for part in re.split(r"[-_]", package))
+    found = re.findall(
+        rf"^\s*{name}\s*==\s*([0-9][^\s;#,]*)", requirements, re.M | re.I
+    )
+    found += [
+        urllib.parse.unquote(release)
+        for release in re.findall(
+            rf"^\s*{name}\s*@\s*\S*/{name}-([0-9][^-/\s]*)-\S*\.whl\b",
+            requirements,
+            re.M | re.I,
+        )
+    ]
+    return found[0] if len(set(found)) == 1 else None
 
 
 def from_requirements(text: str) -> str | None:
-    """The kernel package a requirements/xpu.txt pins (a version, or a wheel
-    URL), or None if it names none."""
-    match = _XPU_KERNELS_PIN.search(text)
-    if match:
-        return f"{XPU_KERNELS} {match.group(1)}"
-    match = _IPEX_PIN.search(text)
-    if match:
-        return f"{IPEX} {match.group(1)}+xpu"
+    """The kernel package a requirements/xpu.txt pins, or None if it names
+    none ("intel-extension-for-pytorch xpu": IPEX, no one release)."""
+    for package in (XPU_KERNELS, IPEX):
+        release = pinned_release(text, package)
+        if release:
+            return f"{package} {release}"
     if "intel-extension-for-pytorch" in text or "intel_extension" in text:
         return f"{IPEX} xpu"
     return None

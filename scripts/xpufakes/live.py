@@ -38,9 +38,6 @@ APPLIED, APPLIED_MODIFIED, CHANGED, NOT_APPLIED = (
     "not applied",
 )
 
-# the modules we add to vllm/ (never a recipe's target)
-OUR_MODULES = recipes.OUR_MODULES
-
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="surrogateescape")
@@ -115,7 +112,7 @@ def _targets(edit: recipes.Edit, sources: dict[str, str]) -> list[tuple[str, boo
     return [
         (p, False)
         for p, text in sources.items()
-        if p not in OUR_MODULES and all(s in text for s in edit.anywhere)
+        if p not in recipes.OUR_MODULES and all(s in text for s in edit.anywhere)
     ]
 
 

@@ -17,7 +17,7 @@ import types
 from pathlib import Path
 
 from .errors import Refusal
-from .kernels import REFERENCE, newest_xpu_kernels  # noqa: F401 - for prtext
+from .kernels import REFERENCE
 
 # vLLM modules that register fakes for XPU ops, newest first.
 REGISTERING_MODULES = ("vllm._xpu_ops", "vllm._ipex_ops")

@@ -63,6 +63,15 @@ _XPU_C_GEMM_CALL = re.compile(
 )
 
 
+def xpu_c_gemm_of(function: str) -> str | None:
+    """The GEMM a call's function names ("torch.ops._xpu_C.fp8_gemm" or
+    with an overload), else None."""
+    parts = function.split(".")
+    if parts[:3] == ["torch", "ops", XPU_C] and len(parts) in (4, 5):
+        return parts[3] if parts[3] in XPU_C_GEMMS else None
+    return None
+
+
 def calls_xpu_c_gemms(text: str) -> bool:
     """Whether source text calls one of the _xpu_C GEMMs."""
     return bool(_XPU_C_GEMM_CALL.search(text))

@@ -1,6 +1,7 @@
 """The supported vLLM releases (patches/pins.toml), and the two eras of XPU
 support a release belongs to."""
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -19,6 +20,16 @@ FIRST_KERNELS = (0, 16)
 def version_tuple(text: str) -> tuple[int, ...]:
     """(0, 33, 0) for "0.33.0"."""
     return tuple(int(p) for p in text.split("."))
+
+
+_VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(.*)$", re.S)
+
+
+def split_version(text: str) -> tuple[tuple[int, ...], str] | None:
+    """((0, 10, 3), ".dev0+g01efc7ef7") for "0.10.3.dev0+g01efc7ef7" (a
+    leading "v" allowed), or None if it does not start with a release."""
+    match = _VERSION.match(text)
+    return (version_tuple(match.group(1)), match.group(2)) if match else None
 
 
 def era_of(version: tuple[int, ...]) -> str | None:

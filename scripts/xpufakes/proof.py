@@ -175,13 +175,15 @@ def prove(
             )
         try:  # the static scan here while the proof's Python starts torch
             sites, declared = scan.scan(edited.sources(sources))
-            child.wait()
+            while child.poll() is None and not transaction.pending():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=0.05)
         finally:
             if child.poll() is None:
                 child.kill()
                 child.wait()
         pending = transaction.pending()
-        if pending:  # the signal reached the proof's Python too
+        if pending:  # a held signal stops the proof (Ctrl-C reaches it too)
             raise transaction.Interrupted(pending[0])
         result = json.loads(out.read_text()) if out.is_file() else None
         said = log.read_text(errors="replace")

@@ -18,29 +18,22 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import children, isolated, loading, recipes, treechecks, upstream
+from . import children, intree, isolated, kernels, recipes, series, treechecks
 from .errors import Refusal
 
 # The sections of vLLM's template since it has Overview / Claims /
 # Validation / Details; used when the tree has no template.
 DEFAULT_HEADINGS = ("Overview", "Claims", "Validation", "Details")
-CPU_REFERENCE = "VLLM_XPU_FAKES_CPU_REFERENCE=1"
+CPU_REFERENCE = f"{intree.CPU_REFERENCE}=1"
 
 
 def description(header: str) -> tuple[str, str]:
-    """(subject, body) of a recipe's DEP-3 Description, as upstream text:
-    without the packager's paragraphs (upstream status, which releases the
-    variant applies to); links to earlier PRs are kept."""
-    lines = header.splitlines()
-    first = lines[0].removeprefix("Description:").strip()
-    rest = []
-    for line in lines[1:]:
-        if not line.startswith(" "):
-            break
-        rest.append("" if line.strip() == "." else line[1:])
-    paragraphs = "\n".join(rest).split("\n\n")
+    """(subject, body) of a recipe's DEP-3 Description (series.description),
+    as upstream text: without the packager's paragraphs (upstream status,
+    which releases the variant applies to); links to earlier PRs are kept."""
+    first, body = series.description(series.fields(header)["Description"][0])
     kept = []
-    for paragraph in paragraphs:
+    for paragraph in body.split("\n\n"):
         if paragraph.startswith("This variant applies"):
             continue
         if paragraph.startswith("Upstream status:"):
@@ -48,7 +41,7 @@ def description(header: str) -> tuple[str, str]:
             linked = [s for s in sentences if "https://" in s]
             if not linked:
                 continue
-            paragraph = _wrap(" ".join(linked))
+            paragraph = wrap(" ".join(linked))
         kept.append(paragraph)
     body = "\n\n".join(kept).strip()
     body = body.replace(
@@ -58,7 +51,8 @@ def description(header: str) -> tuple[str, str]:
     return first, body
 
 
-def _wrap(text: str, width: int = 72) -> str:
+def wrap(text: str, width: int = 72) -> str:
+    """text as lines of at most `width` characters."""
     out, line = [], ""
     for word in text.split():
         if line and len(line) + 1 + len(word) > width:
@@ -83,20 +77,6 @@ class Evidence:
     tests: Run  # the new in-tree test, after
     tests_before: Run | None = None  # its cases on the tree before (in place)
     unchecked: str = ""  # the ops of the grid the change leaves alone, and why
-
-
-def _standins(root: Path, era: str) -> str:
-    text = (
-        (root / "requirements" / "xpu.txt").read_text()
-        if (root / "requirements" / "xpu.txt").is_file()
-        else ""
-    )
-    if era == "kernels":
-        pin = upstream.pinned(text, "vllm-xpu-kernels")
-        release = ".".join(map(str, pin)) if pin else loading.newest_xpu_kernels()
-        return f"vllm-xpu-kernels {release}"
-    match = re.search(r"intel[-_]extension[-_]for[-_]pytorch\s*==\s*(\S+)", text, re.I)
-    return f"intel-extension-for-pytorch {match.group(1) if match else 'xpu'}"
 
 
 def _grid(
@@ -170,11 +150,15 @@ def _in_tree_tests(tree: Path, era: str, python: str, extra: list[str]) -> Run:
     tests = [*extra, recipes.TREE_TEST]
     if era == "ipex":
         tests.append(recipes.WOQ_TREE_TEST)
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    env["VLLM_XPU_FAKES_CPU_REFERENCE"] = "1"
-    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", *tests]
+    # always the CPU reference kernels, the tree alone on the Python path
+    base = dict(os.environ, PYTHONPATH="", PYTHONDONTWRITEBYTECODE="1")
+    base[intree.CPU_REFERENCE] = "1"
     done = children.run(
-        [python, *args], cwd=tree, env=env, capture_output=True, text=True
+        intree.command(python, tests),
+        cwd=tree,
+        env=intree.environment(tree, base),
+        capture_output=True,
+        text=True,
     )
     summary = (done.stdout.strip().splitlines() or ["no output"])[-1].strip("= ")
     if done.returncode != 0:
@@ -196,7 +180,7 @@ def validate(
     extra pytest arguments `extra`), or, for the in-place cut `cut`
     (inplace.Cut), the grid of the ops it touches and its test's cases before
     and after. A staged tree that fails any of it is refused."""
-    standins = _standins(root, era)
+    standins = kernels.of_tree(root)
     ops = cut.ops if cut is not None else None
     grid_before, left_out = _grid(before, standins, python, ops)
     grid_after, _ = _grid(after, standins, python, ops)
@@ -273,7 +257,7 @@ def _validation(evidence: Evidence, results: list[treechecks.Result]) -> list[st
         ]
     if e.tests.command:
         after += [f"    {e.tests.command}", f"    -> {e.tests.result}"]
-    unchecked = ["", _wrap("Not in this change: " + e.unchecked)] if e.unchecked else []
+    unchecked = ["", wrap("Not in this change: " + e.unchecked)] if e.unchecked else []
     return [
         "On a CPU, against CPU reference kernels with the kernels' schemas,",
         "checks and output layout (not part of this change), opcheck's",
@@ -287,7 +271,7 @@ def _validation(evidence: Evidence, results: list[treechecks.Result]) -> list[st
         *after,
         *unchecked,
         "",
-        _wrap(_checks_line(results)),
+        wrap(_checks_line(results)),
     ]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import ops, pins
-from .ops import XPU_C_GEMMS, calls_xpu_c_gemms  # noqa: F401 - for stage
+from .ops import XPU_C_GEMMS
 
 FAKES_MODULE = "vllm/_xpu_gemm_fakes.py"
 TREE_TEST = "tests/kernels/quantization/test_xpu_gemm_fakes.py"
@@ -252,14 +252,7 @@ IPEX_REGISTRATION = (
 )
 
 
-# fake function -> (implementation function, the GEMM, the canonical fake),
-# of each wrapper op (ops.WRAPPERS), for stage
-XPU_C_GEMM_WRAPPERS = {
-    w.fake: (w.impl, w.gemm, w.canonical) for w in ops.WRAPPERS.values()
-}
-
-
-def _returns_gemm_unchanged(impl: ast.FunctionDef, gemm: str) -> bool:
+def returns_gemm_unchanged(impl: ast.FunctionDef, gemm: str) -> bool:
     """Whether impl's only statement (after its docstring) is
     `return torch.ops._xpu_C.<gemm>(<its own parameters, in order>)`."""
     body = impl.body
@@ -296,7 +289,7 @@ def edit_xpu_gemm_wrapper_fakes(text: str) -> str:
         if fake is None:
             continue
         impl = functions.get(impl_name)
-        if impl is None or not _returns_gemm_unchanged(impl, gemm):
+        if impl is None or not returns_gemm_unchanged(impl, gemm):
             raise RecipeError(
                 f"{impl_name} no longer returns torch.ops._xpu_C.{gemm}(...) "
                 f"unchanged; {fake_name} needs a new look"
@@ -563,7 +556,3 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
         ),
     ),
 }
-
-
-# for stage
-_xpu_c_gemm_guard = xpu_c_gemm_guard

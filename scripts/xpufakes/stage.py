@@ -40,10 +40,10 @@ import tempfile
 from pathlib import Path
 
 from . import (
-    base,
     children,
     inplace,
     live,
+    pins,
     prtext,
     recipes,
     series,
@@ -70,12 +70,12 @@ def era_of_tree(root: Path) -> str:
     rule); a kernels-era tree must still have vLLM's `_xpu_C` GEMM fakes."""
     if (root / recipes.FAKES_MODULE).exists():
         raise Refusal(f"{root} already has {recipes.FAKES_MODULE}; nothing to stage")
-    era, _ = base.files_era(root)
-    if era == base.KERNELS:
+    era, _ = tree.files_era(root)
+    if era == pins.KERNELS:
         body = ast.parse((root / "vllm" / "_xpu_ops.py").read_text()).body
-        if any(recipes._xpu_c_gemm_guard(node) for node in body):
+        if any(recipes.xpu_c_gemm_guard(node) for node in body):
             return era
-    elif era == base.IPEX:
+    elif era == pins.IPEX:
         return era
     raise Refusal(
         f"{root}: neither vllm/_xpu_ops.py with `if hasattr(torch.ops._xpu_C, "
@@ -86,9 +86,10 @@ def era_of_tree(root: Path) -> str:
 Staged = inplace.Commit  # one commit of the cut: subject, body, files
 
 
-def full_cut(root: Path, era: str) -> list[Staged]:
+def full_cut(found: tree.Tree, era: str) -> list[Staged]:
     """Every patch of the era, run on the tree's live files, with the
     upstream cut of the overlay files."""
+    root = found.root
     target = upstream.target_of(root, era)
     by_patch, _, faults = live.run_recipes(root, list(recipes.RECIPES[era]))
     if faults:
@@ -97,9 +98,8 @@ def full_cut(root: Path, era: str) -> list[Staged]:
     for recipe in recipes.RECIPES[era]:
         files = dict(by_patch.get(recipe.name, {}))
         for rel in recipe.overlay:
-            if rel.startswith("tests/") and not (root / "tests").is_dir():
-                continue
-            files[rel] = series.overlay_source(rel).read_text()
+            if found.receives(rel):
+                files[rel] = series.overlay_source(rel).read_text()
         edited.append(files)
     merged = upstream.cut({k: v for files in edited for k, v in files.items()}, target)
     staged = [
@@ -107,7 +107,7 @@ def full_cut(root: Path, era: str) -> list[Staged]:
         for recipe, files in zip(recipes.RECIPES[era], edited, strict=True)
     ]
     ci = root / upstream.INTEL_KERNEL_JOBS
-    if era == "kernels" and ci.is_file():
+    if era == pins.KERNELS and ci.is_file():
         sources = sorted(staged[0].files) + ["tests/kernels/utils.py"]
         try:
             text = upstream.add_intel_ci_step(
@@ -122,7 +122,7 @@ def full_cut(root: Path, era: str) -> list[Staged]:
 def in_place_cut(root: Path) -> inplace.Cut:
     """The in-place cut of a kernels-era tree; the recipes must take the
     tree (their anchors are the ones the series needs)."""
-    _, _, faults = live.run_recipes(root, list(recipes.RECIPES[base.KERNELS]))
+    _, _, faults = live.run_recipes(root, list(recipes.RECIPES[pins.KERNELS]))
     if faults:
         raise Refusal("; ".join(faults))
     if (root / recipes.TREE_TEST).exists():
@@ -179,11 +179,11 @@ def _stage(path, branch, python, test_args, full, pending):
     branch = branch or f"xpu-gemm-fakes-{described}"
     if _git(root, "branch", "--list", branch):
         raise Refusal(f"branch {branch} already exists in {root}")
-    in_place = era == base.KERNELS and not full
+    in_place = era == pins.KERNELS and not full
     cut = in_place_cut(root) if in_place else None
-    staged = cut.commits if cut else full_cut(root, era)
+    staged = cut.commits if cut else full_cut(found, era)
     test_python = _python_for_tests(python)
-    transaction._stop_if(pending)
+    transaction.stop_if(pending)
 
     work = Path(tempfile.mkdtemp(prefix="xpufakes-stage-"))
     before, after = work / "before", work / "vllm"
@@ -195,7 +195,7 @@ def _stage(path, branch, python, test_args, full, pending):
         _git(root, "worktree", "add", "-q", "--detach", str(before), "HEAD")
         made.append(after)
         _git(root, "worktree", "add", "-q", "-b", branch, str(after), "HEAD")
-        transaction._stop_if(pending)
+        transaction.stop_if(pending)
         changes = [
             transaction.Change(after / rel, text.encode(), mode=0o644)
             for rel, text in _final_files(staged).items()
@@ -243,7 +243,7 @@ def _stage(path, branch, python, test_args, full, pending):
             described,
             cut,
         )
-        transaction._stop_if(pending)
+        transaction.stop_if(pending)
     except BaseException:
         _remove(root, made, work)
         if len(made) == 2:

@@ -195,12 +195,19 @@ def held_signals():
             signal.signal(signum, handler)
 
 
+def held() -> list[int] | None:
+    """The list the held signals arrive in (it grows as they do), or None
+    when no signals are held."""
+    return _active
+
+
 def pending() -> list[int]:
     """The held signals that arrived (empty when none are held)."""
     return list(_active or [])
 
 
-def _stop_if(pending: list[int]) -> None:
+def stop_if(pending: list[int]) -> None:
+    """Raise Interrupted if a held signal arrived."""
     if pending:
         raise Interrupted(pending[0])
 
@@ -223,7 +230,7 @@ def commit(changes: list[Change], root: Path | None = None) -> list[Path]:
     steps = [_Step(c, real_path(c.path)) for c in changes]
     created: list[Path] = []
     with held_signals() as pending:
-        _stop_if(pending)
+        stop_if(pending)
         try:
             for step in steps:
                 if step.change.data is None:
@@ -231,7 +238,7 @@ def commit(changes: list[Change], root: Path | None = None) -> list[Path]:
                 created += _make_parents(step.dest.parent)
                 step.tmp = _name(step.dest, "new")
                 _write_temp(step.tmp, step.change.data, step.dest, step.change.mode)
-                _stop_if(pending)
+                stop_if(pending)
         except BaseException:
             for step in steps:
                 if step.tmp is not None:
@@ -243,7 +250,7 @@ def commit(changes: list[Change], root: Path | None = None) -> list[Path]:
             for count, step in enumerate(steps, 1):
                 _swap(step)
                 _fault(count, pending)
-                _stop_if(pending)
+                stop_if(pending)
         except BaseException as error:
             problems = _rollback(steps, created, root)
             if problems:

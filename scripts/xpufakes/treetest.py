@@ -1,45 +1,15 @@
 """`make test-tree`: the tests the series adds to vLLM's tests/ tree, run
-inside a patched checkout or sdist with the Python that has that vLLM; and
-the one pytest command that runs them (stage validates with it too)."""
+inside a patched checkout or sdist with the Python that has that vLLM
+(intree.py: the pytest command)."""
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-from . import base, engine, recipes
+from . import base, engine, intree, recipes
 from .errors import Refusal
 from .pipeline import PRINTED, Report
 from .tree import Tree
-
-# off XPU, the in-tree tests run only when asked to use the CPU reference
-CPU_REFERENCE = "VLLM_XPU_FAKES_CPU_REFERENCE"
-
-
-def command(python: str, tests: list[str]) -> list[str]:
-    """pytest on the in-tree tests, without vLLM's conftest.py (its fixtures
-    need a whole vLLM install) and without a cache in the tree."""
-    return [
-        python,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--noconftest",
-        *tests,
-    ]
-
-
-def environment(root: Path, base: dict[str, str]) -> dict[str, str]:
-    """`base` with the tree first on the Python path and, unless set, the
-    CPU reference kernels asked for."""
-    env = dict(base)
-    env.setdefault(CPU_REFERENCE, "1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(root), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    return env
 
 
 def test_tree(
@@ -65,8 +35,8 @@ def test_tree(
         raise Refusal(f"{first} is not in the tree; run make apply first")
     sys.stdout.flush()  # the line above before pytest's own
     done = subprocess.run(
-        command(python, [*tests, *pytest_args]),
+        intree.command(python, [*tests, *pytest_args]),
         cwd=found.root,
-        env=environment(found.root, dict(os.environ)),
+        env=intree.environment(found.root, dict(os.environ)),
     )
     return done.returncode

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import recipes
+from . import kernels, pins, recipes
 
 MARKER = re.compile(r"^[ \t]*# xpufakes: ([a-z0-9_-]+) (begin|end)[ \t]*\n?$")
 
@@ -58,25 +58,12 @@ class Target:
         return ("torch_ipex",) if self.era == "kernels" else ()
 
 
-def _version(text: str) -> tuple[int, ...] | None:
-    match = re.match(r"\d+(?:\.\d+)*", text)
-    return tuple(int(p) for p in match.group(0).split(".")) if match else None
-
-
 def pinned(requirements: str, package: str) -> tuple[int, ...] | None:
-    """The release `package==X` pins in a requirements file, or the one
-    `package @ <url>/<package>-X-<tags>.whl` names (None if it is not pinned
-    to exactly one release). `-` and `_` are the same."""
-    name = "[-_]".join(re.escape(part) for part in re.split(r"[-_]", package))
-    found = re.findall(
-        rf"^\s*{name}\s*==\s*([0-9][^\s;#,]*)", requirements, re.M | re.I
-    )
-    found += re.findall(
-        rf"^\s*{name}\s*@\s*\S*/{name}-([0-9][^-/\s]*)-\S*\.whl\b",
-        requirements,
-        re.M | re.I,
-    )
-    return _version(found[0]) if len(set(found)) == 1 else None
+    """The release a requirements file pins `package` to, as numbers
+    (kernels.pinned_release), or None."""
+    release = kernels.pinned_release(requirements, package)
+    found = pins.split_version(release) if release else None
+    return found[0] if found else None
 
 
 def target_of(root: Path, era: str) -> Target:
@@ -142,12 +129,12 @@ def _replace(text: str, node: ast.AST, new: str) -> str:
     return text[:start] + new + text[end:]
 
 
-def _first_line(node: ast.stmt) -> int:
+def first_line(node: ast.stmt) -> int:
     decorators = getattr(node, "decorator_list", [])
     return min([node.lineno] + [d.lineno for d in decorators])
 
 
-def _delete_lines(lines: list[str], first: int, last: int) -> None:
+def delete_lines(lines: list[str], first: int, last: int) -> None:
     """Delete lines first..last (1-based) and the comment lines directly
     above them."""
     start = first - 1
@@ -162,7 +149,7 @@ def _is_banner(lines: list[str], i: int) -> bool:
     return lines[i].startswith("# ---")
 
 
-def _tidy(text: str) -> str:
+def tidy(text: str) -> str:
     """Drop section banners left without content and runs of blank lines a
     deletion left (at most two)."""
     lines = text.splitlines(keepends=True)
@@ -202,7 +189,7 @@ def _tidy(text: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _defined(node: ast.stmt) -> set[str]:
+def defined(node: ast.stmt) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, ast.Assign):
@@ -241,7 +228,7 @@ def _drop_dict_entries(text: str, namespaces: tuple[str, ...]) -> str:
                 if unused(key):
                     spans.append((key.lineno, item.end_lineno))
     for first, last in sorted(spans, reverse=True):
-        _delete_lines(lines, first, last)
+        delete_lines(lines, first, last)
     return "".join(lines)
 
 
@@ -250,24 +237,24 @@ def prune(text: str, roots: set[str]) -> str:
     nor the module's other statements reach."""
     while True:
         body = ast.parse(text).body
-        definitions = [n for n in body if _defined(n)]
+        definitions = [n for n in body if defined(n)]
         keep = set(roots)
         for node in body:
-            if not _defined(node) and not _is_docstring(node):
+            if not defined(node) and not is_docstring(node):
                 keep |= _used(node)
         todo = list(keep)
         while todo:
             name = todo.pop()
             for node in definitions:
-                if name in _defined(node) and not isinstance(
+                if name in defined(node) and not isinstance(
                     node, (ast.Import, ast.ImportFrom)
                 ):
                     for used in _used(node) - keep:
                         keep.add(used)
                         todo.append(used)
-        dead = [n for n in definitions if not (_defined(n) & keep)]
+        dead = [n for n in definitions if not (defined(n) & keep)]
         if not dead:
-            return _tidy(text) + "\n"  # _tidy strips the final newline too
+            return tidy(text) + "\n"  # _tidy strips the final newline too
         lines = text.splitlines(keepends=True)
         for node in sorted(dead, key=lambda n: n.lineno, reverse=True):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and len(node.names) > 1:
@@ -278,11 +265,11 @@ def prune(text: str, roots: set[str]) -> str:
                         ast.unparse(node) + "\n"
                     ]
                     continue
-            _delete_lines(lines, _first_line(node), node.end_lineno)
+            delete_lines(lines, first_line(node), node.end_lineno)
         text = "".join(lines)
 
 
-def _is_docstring(node: ast.stmt) -> bool:
+def is_docstring(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
 
 
@@ -293,9 +280,7 @@ def _is_docstring(node: ast.stmt) -> bool:
 
 def _features(text: str) -> dict[str, tuple[int, ...]]:
     for node in ast.parse(text).body:
-        targets = (
-            _defined(node) if isinstance(node, (ast.Assign, ast.AnnAssign)) else ()
-        )
+        targets = defined(node) if isinstance(node, (ast.Assign, ast.AnnAssign)) else ()
         if KERNEL_FEATURES in targets and node.value is not None:
             table = ast.literal_eval(node.value)
             return {name: since for name, (since, _) in table.items()}
@@ -363,7 +348,7 @@ def fold_kernel_gates(text: str, kernels: tuple[int, ...] | None) -> str:
                 ]
                 text = "".join(lines)
             elif value is False:
-                _delete_lines(lines, node.lineno, node.end_lineno)
+                delete_lines(lines, node.lineno, node.end_lineno)
                 text = "".join(lines)
             elif value is True:
                 body = lines[node.body[0].lineno - 1 : node.end_lineno]
@@ -417,7 +402,7 @@ def drop_docstring_items(text: str, namespaces: tuple[str, ...]) -> str:
     unused namespace, and the note on what the module imports (the cut
     imports vllm.logger)."""
     node = ast.parse(text).body[0]
-    if not _is_docstring(node):
+    if not is_docstring(node):
         return text
     lines = text.splitlines(keepends=True)
     first, last = node.lineno - 1, node.end_lineno
