@@ -69,6 +69,10 @@ try:
     import vllm.utlis
 except ModuleNotFoundError as e:
     print("missing:", e)
+import importlib.util
+# an optional package a build copies in, which vLLM probes for (find_spec,
+# then its __file__): absent from this tree, it must not be found
+print("probe:", importlib.util.find_spec("vllm.third_party.deep_gemm"))
 """
 
 
@@ -99,4 +103,5 @@ def test_every_import_form_and_nothing_else(tmp_path):
         "own package: 1",
         "own module: SyntaxError _own_C.py",
         "missing: No module named 'vllm.utlis'",
+        "probe: None",
     ]

@@ -75,9 +75,13 @@ def stub_xpu_kernel_package() -> None:
 # of a tree) does not have: its compiled extensions -- every
 # `CMakeExtension(name=...)` of the pinned sdists' setup.py and every
 # `define_extension_target` of their CMake files (tests/test_native_standins.py
-# checks this list against them) -- and the Python packages its CMake copies
-# into vllm/third_party/. A downstream build's own extension named in vLLM's
-# style (`vllm._xpu_C`, `vllm.<package>._<name>_C`) is one too (NATIVE_STYLE).
+# checks this list against them). A downstream build's own extension named in
+# vLLM's style (`vllm._xpu_C`, `vllm.<package>._<name>_C`) is one too
+# (NATIVE_STYLE). Not the pure-Python packages a build copies into
+# vllm/third_party/ (triton_kernels, deep_gemm, ...): vLLM treats them as
+# optional and probes for them (`find_spec`, then reads `__file__`), so a
+# stand-in would tell it they are there; a tree without them is a build
+# without them.
 NATIVE_MODULES = frozenset(
     {
         "vllm._C",
@@ -102,10 +106,6 @@ NATIVE_MODULES = frozenset(
         "vllm.triton_kernels",
         "vllm.fmha_sm100",
         "vllm.tml_fa4",
-        "vllm.third_party.triton_kernels",
-        "vllm.third_party.deep_gemm",
-        "vllm.third_party.fmha_sm100",
-        "vllm.third_party.tml_fa4",
     }
 )
 NATIVE_STYLE = re.compile(r"vllm(\.\w+)*\._(\w+_)?C(_\w+)?")
