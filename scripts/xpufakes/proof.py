@@ -5,7 +5,11 @@ fake registrations loaded against the stand-in kernels (verify.py, in a
 separate Python with torch, on the edited vllm/ package laid out in a
 temporary directory: the edited and added files written, every other file
 a symlink to the tree's) -- and every op of ours that it calls from traced
-code must have a conformant fake. Both run at once.
+code must have a conformant fake. Both run at once: while the proof's
+Python imports torch, this process lays the edited tree out and scans it;
+the proof's Python then loads the tree and runs the opcheck grid of the ops
+the scan found called (sent on its stdin: an op not called gets no verdict,
+so its grid would prove nothing here). It ends without tearing torch down.
 
 A proof that passed is remembered (ProofCache): the same edited tree with
 the same tool, stand-ins, Python, installed packages and environment is
@@ -162,19 +166,24 @@ def prove(
     if cache.hit():
         return []
     with tempfile.TemporaryDirectory(prefix="xpufakes-proof-") as work:
-        laid_out = edited.lay_out(Path(work) / "tree")
+        laid_out = Path(work) / "tree"
         out, log = Path(work) / "result.json", Path(work) / "stderr"
         with open(log, "w") as stderr:
             child = subprocess.Popen(
                 [python, "-m", "xpufakes.proof", str(laid_out), standins, str(out)],
-                cwd=laid_out,
-                stdin=subprocess.DEVNULL,
+                cwd=work,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 env=isolated.env(),
             )
-        try:  # the static scan here while the proof's Python starts torch
+        try:  # while the proof's Python imports torch: lay out, then scan
+            edited.lay_out(laid_out)
+            _tell(child, "laid out")
             sites, declared = scan.scan(edited.sources(sources))
+            _tell(child, json.dumps(sorted(sites)))
+            with contextlib.suppress(BrokenPipeError):
+                child.stdin.close()
             while child.poll() is None and not transaction.pending():
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(timeout=0.05)
@@ -182,6 +191,8 @@ def prove(
             if child.poll() is None:
                 child.kill()
                 child.wait()
+            with contextlib.suppress(BrokenPipeError):
+                child.stdin.close()
         pending = transaction.pending()
         if pending:  # a held signal stops the proof (Ctrl-C reaches it too)
             raise transaction.Interrupted(pending[0])
@@ -206,6 +217,13 @@ def prove(
     if not failures:
         cache.store(result["loaded"], result["directories"])
     return failures
+
+
+def _tell(child: subprocess.Popen, line: str) -> None:
+    """One line to the proof's Python (if it stopped, its stderr says why)."""
+    with contextlib.suppress(BrokenPipeError):
+        child.stdin.write(line.encode() + b"\n")
+        child.stdin.flush()
 
 
 # ---------------------------------------------------------------------------
@@ -324,7 +342,8 @@ class ProofCache:
 
 
 # ---------------------------------------------------------------------------
-# The proof's Python: python -m xpufakes.proof <tree> <stand-ins> <out>
+# The proof's Python: python -m xpufakes.proof <tree> <stand-ins> <out>; on
+# stdin "laid out" once <tree> is, then the ops to check (a JSON list)
 # ---------------------------------------------------------------------------
 
 
@@ -351,12 +370,22 @@ def _main(argv: list[str]) -> int:
     from . import verify
 
     work, standins, out = Path(argv[0]), argv[1], Path(argv[2])
+    try:  # torch while the tool lays the tree out (without: verify.run says)
+        import torch._dynamo  # noqa: F401
+        from torch.testing._internal import optests  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+    if sys.stdin.readline() != "laid out\n":
+        return 1  # the tool stopped before the tree was laid out
+    os.chdir(work)
     try:
-        results = verify.run(work, standins, full=False)
+        results = verify.run(
+            work, standins, full=False, select=lambda: json.loads(sys.stdin.readline())
+        )
     except Refusal as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status
-    loaded, directories = _loaded(work)
+    loaded, directories = _loaded(work.parent)  # the proof's own directory
     result = {
         "results": [asdict(r) | {"ok": r.ok} for r in results],
         "loaded": loaded,
@@ -367,4 +396,9 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    status = _main(sys.argv[1:])
+    # Its result is written; a Python that loaded torch and Dynamo takes
+    # ~0.9 s to tear them down, which nothing here needs.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -9,6 +9,7 @@ on the CPU against the stand-in kernels of a kernel release instead.
 
 import json
 import re
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,14 +32,21 @@ class OpResult:
         return self.fake == "registered" and self.failed == 0 and self.passed > 0
 
 
-def run(vllm: Path | None, standins: str | None, full: bool = True) -> list[OpResult]:
+def run(
+    vllm: Path | None,
+    standins: str | None,
+    full: bool = True,
+    select: Callable[[], Collection[str]] | None = None,
+) -> list[OpResult]:
     """The opcheck grid of every registered fake: against the real kernels
     on the XPU, or (standins) the stand-ins of that kernel release on the
-    CPU. A Python without torch cannot run it (NOT_HERE)."""
+    CPU. With `select`, only the ops it names (asked once the tree is
+    loaded; an overload counts as its op). A Python without torch cannot
+    run it (NOT_HERE)."""
     import sys
 
     try:
-        return _run(vllm, standins, full)
+        return _run(vllm, standins, full, select)
     except ModuleNotFoundError as e:
         if (e.name or "").partition(".")[0] != "torch":
             raise
@@ -49,7 +57,12 @@ def run(vllm: Path | None, standins: str | None, full: bool = True) -> list[OpRe
         ) from None
 
 
-def _run(vllm: Path | None, standins: str | None, full: bool) -> list[OpResult]:
+def _run(
+    vllm: Path | None,
+    standins: str | None,
+    full: bool,
+    select: Callable[[], Collection[str]] | None,
+) -> list[OpResult]:
     import torch
 
     from . import loading
@@ -69,11 +82,12 @@ def _run(vllm: Path | None, standins: str | None, full: bool) -> list[OpResult]:
                 status=NOT_HERE,
             )
     loading.import_registering_module(vllm)
+    wanted = None if select is None else {op.split(".")[0] for op in select()}
     results: dict[str, OpResult] = {}
     for case in loading.reference().opcheck_cases(full=full):
-        if not case.available():
-            continue
         qualname = f"{case.namespace}::{case.name}"
+        if not case.available() or (wanted is not None and qualname not in wanted):
+            continue
         overload = "default" if case.overload == "batched" else case.overload
         key = qualname if overload == "default" else f"{qualname}.{overload}"
         if key not in results:
@@ -89,7 +103,8 @@ def _run(vllm: Path | None, standins: str | None, full: bool) -> list[OpResult]:
     # vLLM's own ops that return a GEMM's output unchanged are checked over
     # the GEMM's cases (those their schema accepts)
     for wrapper, gemm in WRAPPER_OPS.items():
-        _check_wrapper(results, wrapper, gemm, device, full)
+        if wanted is None or wrapper in wanted:
+            _check_wrapper(results, wrapper, gemm, device, full)
     del libraries
     return list(results.values())
 
