@@ -136,3 +136,23 @@ def test_no_cache_when_told(setting):
         assert result.returncode == 0 and PROOF in result.stdout, result.stderr
         assert _runs(calls) == runs
     assert not os.path.exists(env["VLLM_XPU_FAKES_PROOF_CACHE"])
+
+
+def test_a_proof_killed_says_so_and_changes_nothing(setting, tmp_path):
+    """The proof's Python killed (kill -9, the OOM killer): refused, saying
+    so, the tree as it was (before: "the proof could not run (...: no
+    output)")."""
+    root, env, _ = setting
+    killed = tmp_path / "killed"
+    killed.write_text("#!/bin/sh\nkill -9 $$\n")
+    killed.chmod(0o755)
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    result = tool.run(
+        "apply", str(root), env={**env, "VLLM_XPU_FAKES_PROOF_PYTHON": str(killed)}
+    )
+    assert result.returncode == 1, result.stderr
+    assert (
+        f"the proof could not run ({killed}: killed by SIGKILL, no output); "
+        "nothing changed" in result.stderr
+    )
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before

@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -204,8 +205,12 @@ def prove(
         if errors:
             why = "cannot load the tree's fakes against the stand-ins: "
             why += errors[-1].removeprefix("error: ")
+        elif lines:
+            why = lines[-1]
+        elif child.returncode < 0:
+            why = f"killed by {signal.Signals(-child.returncode).name}, no output"
         else:
-            why = (lines or ["no output"])[-1]
+            why = f"exit status {child.returncode}, no output"
         raise Refusal(f"the proof could not run ({python}: {why}); nothing changed")
     checked = {entry["op"]: entry for entry in result["results"]}
     reports = audit.reports(sites, declared, checked)
