@@ -8,6 +8,7 @@ proof Python that runs nothing, a tree edited after the proof passed)."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -155,4 +156,38 @@ def test_a_proof_killed_says_so_and_changes_nothing(setting, tmp_path):
         f"the proof could not run ({killed}: killed by SIGKILL, no output); "
         "nothing changed" in result.stderr
     )
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+
+@pytest.fixture
+def full_tmp(tmp_path):
+    """A temporary directory on a filesystem that is full after a few
+    files (a 64 KiB tmpfs with 200 inodes), or a skip where mounting one is
+    not allowed (not root, no CAP_SYS_ADMIN)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=200", "tmpfs", str(small)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield small
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_a_full_disk_under_the_proof_is_one_line_and_changes_nothing(setting, full_tmp):
+    """No room to lay the edited tree out (TMPDIR on a full filesystem):
+    refused in one line naming the file, the tree as it was (before: a
+    traceback ending in OSError: [Errno 28] No space left on device)."""
+    root, env, _ = setting
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    result = tool.run("apply", str(root), env={**env, "TMPDIR": str(full_tmp)})
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the proof could not run (No space left on device: ")
+    assert str(full_tmp) in last and last.endswith("); nothing changed"), last
+    assert "Traceback" not in result.stderr
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before

@@ -166,39 +166,48 @@ def prove(
     cache = ProofCache(edited, standins, python)
     if cache.hit():
         return []
-    with tempfile.TemporaryDirectory(prefix="xpufakes-proof-") as work:
-        laid_out = Path(work) / "tree"
-        out, log = Path(work) / "result.json", Path(work) / "stderr"
-        with open(log, "w") as stderr:
-            child = subprocess.Popen(
-                [python, "-m", "xpufakes.proof", str(laid_out), standins, str(out)],
-                cwd=work,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                env=isolated.env(),
-            )
-        try:  # while the proof's Python imports torch: lay out, then scan
-            edited.lay_out(laid_out)
-            _tell(child, "laid out")
-            sites, declared = scan.scan(edited.sources(sources))
-            _tell(child, json.dumps(sorted(sites)))
-            with contextlib.suppress(BrokenPipeError):
-                child.stdin.close()
-            while child.poll() is None and not transaction.pending():
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.wait(timeout=0.05)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            with contextlib.suppress(BrokenPipeError):
-                child.stdin.close()
-        pending = transaction.pending()
-        if pending:  # a held signal stops the proof (Ctrl-C reaches it too)
-            raise transaction.Interrupted(pending[0])
-        result = json.loads(out.read_text()) if out.is_file() else None
-        said = log.read_text(errors="replace")
+    try:  # a full disk, a temporary directory that cannot be written
+        with tempfile.TemporaryDirectory(
+            prefix="xpufakes-proof-", ignore_cleanup_errors=True
+        ) as work:
+            laid_out = Path(work) / "tree"
+            out, log = Path(work) / "result.json", Path(work) / "stderr"
+            with open(log, "w") as stderr:
+                child = subprocess.Popen(
+                    [python, "-m", "xpufakes.proof", str(laid_out), standins, str(out)],
+                    cwd=work,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    env=isolated.env(),
+                )
+            try:  # while the proof's Python imports torch: lay out, then scan
+                edited.lay_out(laid_out)
+                _tell(child, "laid out")
+                sites, declared = scan.scan(edited.sources(sources))
+                _tell(child, json.dumps(sorted(sites)))
+                with contextlib.suppress(BrokenPipeError):
+                    child.stdin.close()
+                while child.poll() is None and not transaction.pending():
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.wait(timeout=0.05)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+                with contextlib.suppress(BrokenPipeError):
+                    child.stdin.close()
+            pending = transaction.pending()
+            if pending:  # a held signal stops the proof (Ctrl-C reaches it too)
+                raise transaction.Interrupted(pending[0])
+            result = json.loads(out.read_text()) if out.is_file() else None
+            said = log.read_text(errors="replace")
+    except OSError as e:
+        named = e.filename2 or e.filename
+        where = f": {named}" if named else ""
+        raise Refusal(
+            f"the proof could not run ({e.strerror or e}{where}); nothing changed"
+        ) from None
     if result is None:
         lines = said.strip().splitlines()
         errors = [line for line in lines if line.startswith("error: ")]
