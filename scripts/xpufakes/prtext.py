@@ -79,24 +79,32 @@ class Evidence:
     unchecked: str = ""  # the ops of the grid the change leaves alone, and why
 
 
-def _grid(
-    tree: Path, standins: str, python: str, ops: list[str] | None = None
-) -> tuple[Run, list[str]]:
-    """The opcheck grid of the tree's fakes (of `ops` only, if given), and
-    the ops of the grid left out."""
+def _result_of(python: str, module_args: list[str], failed: str):
+    """The JSON result of `python -m <module_args> --json-out <file>`, or a
+    refusal: `failed` and the last line it said."""
     with tempfile.TemporaryDirectory() as work:
-        out = Path(work) / "grid.json"
-        args = ["verify-xpu", "--vllm", str(tree), "--standins", standins, "--quick"]
+        out = Path(work) / "result.json"
         done = children.run(
-            [python, "-m", "xpufakes", *args, "--json-out", str(out)],
+            [python, "-m", *module_args, "--json-out", str(out)],
             capture_output=True,
             text=True,
             env=isolated.env(),
         )
         if not out.is_file():
             last = (done.stderr.strip().splitlines() or ["no result"])[-1]
-            raise Refusal(f"the opcheck grid did not run on {tree.name}: {last}")
-        found = json.loads(out.read_text())
+            raise Refusal(f"{failed}: {last}")
+        return json.loads(out.read_text())
+
+
+def _grid(
+    tree: Path, standins: str, python: str, ops: list[str] | None = None
+) -> tuple[Run, list[str]]:
+    """The opcheck grid of the tree's fakes (of `ops` only, if given), and
+    the ops of the grid left out."""
+    args = ["xpufakes", "verify-xpu", "--vllm", str(tree), "--standins", standins]
+    found = _result_of(
+        python, [*args, "--quick"], f"the opcheck grid did not run on {tree.name}"
+    )
     left_out = [op["op"] for op in found if ops is not None and op["op"] not in ops]
     ops = [op for op in found if op["op"] not in left_out]
     shown = [a if " " not in a else shlex.quote(a) for a in args]
@@ -123,19 +131,10 @@ def _grid(
 def _test_cases(tree: Path, test: Path, standins: str, python: str) -> Run:
     """The in-place cut's in-tree test, its cases run with the tree's fakes
     against the stand-ins (testcases.py)."""
-    with tempfile.TemporaryDirectory() as work:
-        out = Path(work) / "cases.json"
-        args = [str(tree), str(test), "--standins", standins]
-        done = children.run(
-            [python, "-m", "xpufakes.testcases", *args, "--json-out", str(out)],
-            capture_output=True,
-            text=True,
-            env=isolated.env(),
-        )
-        if not out.is_file():
-            last = (done.stderr.strip().splitlines() or ["no result"])[-1]
-            raise Refusal(f"the new test's cases did not run on {tree.name}: {last}")
-        results = json.loads(out.read_text())
+    args = ["xpufakes.testcases", str(tree), str(test), "--standins", standins]
+    results = _result_of(
+        python, args, f"the new test's cases did not run on {tree.name}"
+    )
     failed = {case: why for case, why in results.items() if why}
     details = [f"{case}: {why.splitlines()[0][:200]}" for case, why in failed.items()]
     shown = f"python -m xpufakes.testcases <tree> {recipes.TREE_TEST} --standins "
