@@ -23,11 +23,12 @@ The rules below are read from the kernels' C++ sources:
 Each fake mirrors the kernel's input checks (same messages) so that bad input
 fails at trace time, and it works with symbolic sizes.
 
-Registration is schema-checked: a fake is registered only if the live op has
-exactly the schema the fake was written for. On a mismatch a warning is logged
-and the op is left alone (a wrong fake is worse than none). Ops that do not
-exist are skipped. Nothing here raises at import or registration time, and
-registering twice is a no-op.
+Each fake names its op's schema in its decorator, as PyTorch's and vLLM's
+fakes name their op; registration is schema-checked: a fake is registered
+only if the live op has exactly the schema the fake was written for. On a
+mismatch a warning is logged and the op is left alone (a wrong fake is
+worse than none). Ops that do not exist are skipped. Nothing here raises at
+import or registration time, and registering twice is a no-op.
 
 This module imports only torch, regex and the standard library.
 """
@@ -53,15 +54,35 @@ _FP4_DTYPE = getattr(torch, "float4_e2m1fn_x2", None)
 _E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", None)
 
 
+class FakeSpec(NamedTuple):
+    schema: str  # the schema the fake was written for, as torch prints it
+    fake: Callable[..., torch.Tensor]
+
+
+# op overload -> its fake: each fake below is entered by its decorator, and
+# register_xpu_gemm_fakes() registers them.
+XPU_GEMM_FAKES: dict[str, FakeSpec] = {}
+# The same for the torch_ipex ops, registered by register_ipex_gemm_fakes().
+IPEX_GEMM_FAKES: dict[str, FakeSpec] = {}
+
+_Fake = Callable[..., torch.Tensor]
+
+
+def _fake_of(table: dict[str, FakeSpec], schema: str) -> Callable[[_Fake], _Fake]:
+    """Enter the decorated function in ``table`` as the fake of the op that
+    ``schema`` (as torch prints it) declares."""
+
+    def enter(fake: _Fake) -> _Fake:
+        table[schema.partition("(")[0]] = FakeSpec(schema, fake)
+        return fake
+
+    return enter
+
+
 def _c10(dtype: torch.dtype) -> str:
     """How c10 prints a ScalarType ("Half"); the kernels' messages embed it."""
     name = torch.empty(0, dtype=dtype, device="cpu").type()  # "torch.HalfTensor"
     return name.removeprefix("torch.").removesuffix("Tensor")
-
-
-def _check(condition: bool, message: str) -> None:
-    """A kernel's TORCH_CHECK, at trace time (symbolic sizes allowed)."""
-    torch._check(condition, lambda: message)
 
 
 # ---------------------------------------------------------------------------
@@ -106,21 +127,28 @@ def _onednn_output(
     """The output of vllm-xpu-kernels' oneDNN GEMMs, after their checks:
     ``A.shape[:-1] + (B.size(-1),)``, A's strides rescaled from K to N
     columns (``A.stride(i) / K * N``), ``dtype`` (float16 if None)."""
-    _check(A.dim() in (2, 3), "OneDNN Matmul only support 2D and 3D inputs!")
+    torch._check(
+        A.dim() in (2, 3), lambda: "OneDNN Matmul only support 2D and 3D inputs!"
+    )
     if not _kernel_has("batched_weights"):
-        _check(B.dim() == 2, "OneDNN Matmul only support 2D weights!")
-    _check(B.dim() in (2, 3), "OneDNN Matmul only support 2D and 3D weights!")
+        torch._check(B.dim() == 2, lambda: "OneDNN Matmul only support 2D weights!")
+    torch._check(
+        B.dim() in (2, 3), lambda: "OneDNN Matmul only support 2D and 3D weights!"
+    )
     if B.dim() == 3:
-        _check(
-            A.dim() == 3, "OneDNN Matmul expects 3D input when using batched weights!"
+        torch._check(
+            A.dim() == 3,
+            lambda: "OneDNN Matmul expects 3D input when using batched weights!",
         )
-        _check(
+        torch._check(
             A.size(0) == B.size(0),
-            "OneDNN Matmul expects input and weight batches to match, "
-            f"got {A.size(0)} and {B.size(0)}.",
+            lambda: (
+                "OneDNN Matmul expects input and weight batches to match, "
+                f"got {A.size(0)} and {B.size(0)}."
+            ),
         )
     if B.dtype == torch.int32:
-        _check(B.stride(-2) == 1, "Int4 weight must be in NT format!")
+        torch._check(B.stride(-2) == 1, lambda: "Int4 weight must be in NT format!")
     return _strided_output(A, B.size(-1), torch.float16 if dtype is None else dtype)
 
 
@@ -128,18 +156,23 @@ def _check_out(
     out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype | None
 ) -> None:
     expected = (*A.shape[:-1], B.size(-1))
-    _check(
+    torch._check(
         out.device == A.device,
-        f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
+        lambda: f"OneDNN Matmul expects out on device {A.device}, got {out.device}.",
     )
-    _check(
+    torch._check(
         tuple(out.shape) == expected,
-        f"OneDNN Matmul expects out of shape {list(expected)}, got {list(out.shape)}.",
+        lambda: (
+            f"OneDNN Matmul expects out of shape {list(expected)}, "
+            f"got {list(out.shape)}."
+        ),
     )
-    _check(
+    torch._check(
         out_dtype is None or out.dtype == out_dtype,
-        f"OneDNN Matmul expects out of dtype {_c10(out_dtype or out.dtype)}, "
-        f"got {_c10(out.dtype)}.",
+        lambda: (
+            f"OneDNN Matmul expects out of dtype {_c10(out_dtype or out.dtype)}, "
+            f"got {_c10(out.dtype)}."
+        ),
     )
 
 
@@ -147,7 +180,7 @@ def _strided_output(A: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor
     """``A.shape[:-1] + (n,)``, A's strides rescaled from K to n columns."""
     k = A.size(-1)
     # The kernels divide by K without checking it.
-    _check(k != 0, "XPU GEMM: the input's last dimension (K) is 0")
+    torch._check(k != 0, lambda: "XPU GEMM: the input's last dimension (K) is 0")
     shape = (*A.shape[:-1], n)
     strides = (*(s // k * n for s in A.stride()[:-1]), A.stride(-1))
     return A.new_empty_strided(shape, strides, dtype=dtype)
@@ -170,39 +203,41 @@ def _check_bias(bias: torch.Tensor | None, A: torch.Tensor, n: int) -> None:
         or (last == 1 and numel == m)
         or numel == m * n
     )
-    _check(supported, f"unsupported bias dim in matmul ...{list(bias.shape)}")
-    _check(
+    torch._check(
+        supported, lambda: f"unsupported bias dim in matmul ...{list(bias.shape)}"
+    )
+    torch._check(
         bias.dtype in _BIAS_DTYPES,
-        f"Unsupported data type for bias in int4 matmul: {_c10(bias.dtype)}",
+        lambda: f"Unsupported data type for bias in int4 matmul: {_c10(bias.dtype)}",
     )
 
 
 def _check_contiguous(kind: str, **tensors: torch.Tensor | None) -> None:
     if _kernel_has("contiguity_checks"):
         for what, t in tensors.items():
-            _check(
+            torch._check(
                 t is None or t.is_contiguous(),
-                f"{what} must be contiguous for {kind} matmul",
+                lambda what=what: f"{what} must be contiguous for {kind} matmul",
             )
 
 
 def _check_fp8(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
-    _check(
+    torch._check(
         A.dtype in _FP8_DTYPES and B.dtype == A.dtype,
-        "input and weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+        lambda: "input and weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
     )
     _check_half_output(out, "fp8")
 
 
 def _check_half_output(out: torch.Tensor, kind: str) -> None:
-    _check(
+    torch._check(
         out.dtype in _HALF_DTYPES,
-        f"output must be float16 or bfloat16 for {kind} matmul",
+        lambda: f"output must be float16 or bfloat16 for {kind} matmul",
     )
 
 
 def _check_half_activation(A: torch.Tensor, message: str) -> None:
-    _check(A.dtype in _HALF_DTYPES, f"{message}: {_c10(A.dtype)}")
+    torch._check(A.dtype in _HALF_DTYPES, lambda: f"{message}: {_c10(A.dtype)}")
 
 
 # ---------------------------------------------------------------------------
@@ -210,6 +245,11 @@ def _check_half_activation(A: torch.Tensor, message: str) -> None:
 # ---------------------------------------------------------------------------
 
 
+@_fake_of(
+    XPU_GEMM_FAKES,
+    "_xpu_C::fp8_gemm(Tensor A, Tensor B, ScalarType? out_dtype, "
+    "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+)
 def fp8_gemm_fake(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -222,15 +262,23 @@ def fp8_gemm_fake(
     out = _onednn_output(A, B, out_dtype)
     _check_fp8(A, B, out)
     if A_scale is not None and B_scale is not None and A_scale.dim() == 2:
-        _check(
+        torch._check(
             A_scale.size(1) <= 1 or A_scale.size(1) == B_scale.size(0),
-            "Mismatch group size in input and weight."
-            f"{A_scale.size(1)} vs {B_scale.size(0)}",
+            lambda: (
+                "Mismatch group size in input and weight."
+                f"{A_scale.size(1)} vs {B_scale.size(0)}"
+            ),
         )
     _check_bias(bias, A, out.size(-1))
     return out
 
 
+@_fake_of(
+    XPU_GEMM_FAKES,
+    "_xpu_C::fp8_gemm_out(Tensor(a!) out, Tensor A, Tensor B, "
+    "ScalarType? out_dtype, Tensor? A_scale_, Tensor? B_scale_, "
+    "Tensor? bias_) -> Tensor",
+)
 def fp8_gemm_out_fake(
     out: torch.Tensor,
     A: torch.Tensor,
@@ -249,6 +297,11 @@ def fp8_gemm_out_fake(
     return out
 
 
+@_fake_of(
+    XPU_GEMM_FAKES,
+    "_xpu_C::fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, "
+    "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+)
 def fp8_bmm_fake(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -257,20 +310,25 @@ def fp8_bmm_fake(
     B_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    _check(A.dim() == 3, "fp8_bmm expects A to be a 3D tensor")
-    _check(B.dim() == 3, "fp8_bmm expects B to be a 3D tensor")
+    torch._check(A.dim() == 3, lambda: "fp8_bmm expects A to be a 3D tensor")
+    torch._check(B.dim() == 3, lambda: "fp8_bmm expects B to be a 3D tensor")
     _check_contiguous("fp8", A_scale=A_scale, B_scale=B_scale)
     out = _onednn_output(A, B, out_dtype)
     _check_fp8(A, B, out)
     if bias is not None:
         n = out.size(-1)
-        _check(
+        torch._check(
             bias.numel() in (0, 1) or (bias.numel() == n and bias.size(-1) == n),
-            "Batched fp8 matmul only supports empty, scalar, or [N] bias.",
+            lambda: "Batched fp8 matmul only supports empty, scalar, or [N] bias.",
         )
     return out
 
 
+@_fake_of(
+    XPU_GEMM_FAKES,
+    "_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
+    "Tensor? bias_) -> Tensor",
+)
 def fp8_gemm_w8a16_fake(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -279,12 +337,20 @@ def fp8_gemm_w8a16_fake(
 ) -> torch.Tensor:
     _check_contiguous("fp8", B_scale=B_scale, bias=bias)
     out = _onednn_output(A, B, A.dtype)
-    _check(B.dtype in _FP8_DTYPES, "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul")
+    torch._check(
+        B.dtype in _FP8_DTYPES,
+        lambda: "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
+    )
     _check_half_activation(A, "Unsupported data type for fp8 matmul")
     _check_bias(bias, A, out.size(-1))
     return out
 
 
+@_fake_of(
+    XPU_GEMM_FAKES,
+    "_xpu_C::fp4_gemm(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
+    "ScalarType? out_dtype, Tensor? bias_) -> Tensor",
+)
 def fp4_gemm_fake(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -297,24 +363,31 @@ def fp4_gemm_fake(
     # Two e2m1 values a byte, packed along K: the weight is the logical
     # [K/2, N], and the output's strides follow the packed activation's.
     out = _onednn_output(A, B, out_dtype)
-    _check(
+    torch._check(
         A.dtype == _FP4_DTYPE and B.dtype == _FP4_DTYPE,
-        "input and weight must be f4_e2m1x2 or f4_e2m1x2 for fp4 matmul",
+        lambda: "input and weight must be f4_e2m1x2 or f4_e2m1x2 for fp4 matmul",
     )
     _check_half_output(out, "fp4")
-    _check(
+    torch._check(
         A_scale.dtype == _E8M0_DTYPE,
-        f"Unsupported scale type for fp4 matmul: {_c10(A_scale.dtype)}",
+        lambda: f"Unsupported scale type for fp4 matmul: {_c10(A_scale.dtype)}",
     )
-    _check(
+    torch._check(
         B_scale.dtype == A_scale.dtype,
-        "Mismatched scale data types in mxfp4 matmul: "
-        f"{_c10(A_scale.dtype)} vs {_c10(B_scale.dtype)}",
+        lambda: (
+            "Mismatched scale data types in mxfp4 matmul: "
+            f"{_c10(A_scale.dtype)} vs {_c10(B_scale.dtype)}"
+        ),
     )
     _check_bias(bias, A, out.size(-1))
     return out
 
 
+@_fake_of(
+    XPU_GEMM_FAKES,
+    "_xpu_C::int4_gemm_w4a16(Tensor A, Tensor B, Tensor? bias, "
+    "Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx) -> Tensor",
+)
 def int4_gemm_w4a16_fake(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -335,6 +408,12 @@ def int4_gemm_w4a16_fake(
     return out
 
 
+@_fake_of(
+    XPU_GEMM_FAKES,
+    "_xpu_C::int4_gemm_w4a8(Tensor A_, Tensor A_scale, Tensor A_zp, "
+    "Tensor B, Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx, "
+    "Tensor? bias) -> Tensor",
+)
 def int4_gemm_w4a8_fake(
     A: torch.Tensor,
     A_scale: torch.Tensor,
@@ -355,16 +434,18 @@ def int4_gemm_w4a8_fake(
         and A_zp.dim() == 2
         and A_zp.size(1) == 1
     )
-    _check(
+    torch._check(
         per_token or (A_scale.dim() == 1 and A_zp.dim() == 1),
-        "Int4-Int8 matmul expects quantized input A to be per-token "
-        "([b*m,1]) or per-tensor ([b]) quantized!",
+        lambda: (
+            "Int4-Int8 matmul expects quantized input A to be per-token "
+            "([b*m,1]) or per-tensor ([b]) quantized!"
+        ),
     )
     # The kernel always produces float16.
     out = _onednn_output(A, B, torch.float16)
-    _check(
+    torch._check(
         A.dtype in (torch.int8, torch.uint8),
-        f"Unsupported data type for int4-int8 matmul: {_c10(A.dtype)}",
+        lambda: f"Unsupported data type for int4-int8 matmul: {_c10(A.dtype)}",
     )
     _check_bias(bias, A, out.size(-1))
     return out
@@ -375,6 +456,11 @@ def int4_gemm_w4a8_fake(
 # ---------------------------------------------------------------------------
 
 
+@_fake_of(
+    IPEX_GEMM_FAKES,
+    "torch_ipex::fp8_gemm_w8a16.xpu(Tensor _0, Tensor _1, bool _2, "
+    "Tensor? _3, Tensor? _4) -> Tensor _0",
+)
 def ipex_fp8_gemm_w8a16_fake(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -414,62 +500,6 @@ def ipex_woq_linear_fake(
 # Registration
 # ---------------------------------------------------------------------------
 
-
-class FakeSpec(NamedTuple):
-    schema: str  # the schema the fake was written for, as torch prints it
-    fake: Callable[..., torch.Tensor]
-
-
-# op overload -> its fake
-XPU_GEMM_FAKES: dict[str, FakeSpec] = {
-    "_xpu_C::fp8_gemm": FakeSpec(
-        schema="_xpu_C::fp8_gemm(Tensor A, Tensor B, ScalarType? out_dtype, "
-        "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
-        fake=fp8_gemm_fake,
-    ),
-    "_xpu_C::fp8_gemm_out": FakeSpec(
-        schema="_xpu_C::fp8_gemm_out(Tensor(a!) out, Tensor A, Tensor B, "
-        "ScalarType? out_dtype, Tensor? A_scale_, Tensor? B_scale_, "
-        "Tensor? bias_) -> Tensor",
-        fake=fp8_gemm_out_fake,
-    ),
-    "_xpu_C::fp8_bmm": FakeSpec(
-        schema="_xpu_C::fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, "
-        "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
-        fake=fp8_bmm_fake,
-    ),
-    "_xpu_C::fp8_gemm_w8a16": FakeSpec(
-        schema="_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
-        "Tensor? bias_) -> Tensor",
-        fake=fp8_gemm_w8a16_fake,
-    ),
-    "_xpu_C::fp4_gemm": FakeSpec(
-        schema="_xpu_C::fp4_gemm(Tensor A, Tensor B, Tensor A_scale, "
-        "Tensor B_scale, ScalarType? out_dtype, Tensor? bias_) -> Tensor",
-        fake=fp4_gemm_fake,
-    ),
-    "_xpu_C::int4_gemm_w4a16": FakeSpec(
-        schema="_xpu_C::int4_gemm_w4a16(Tensor A, Tensor B, Tensor? bias, "
-        "Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx) -> Tensor",
-        fake=int4_gemm_w4a16_fake,
-    ),
-    "_xpu_C::int4_gemm_w4a8": FakeSpec(
-        schema="_xpu_C::int4_gemm_w4a8(Tensor A_, Tensor A_scale, Tensor A_zp, "
-        "Tensor B, Tensor B_scale, Tensor B_zp, int group_size, Tensor? g_idx, "
-        "Tensor? bias) -> Tensor",
-        fake=int4_gemm_w4a8_fake,
-    ),
-}
-
-IPEX_GEMM_FAKES: dict[str, FakeSpec] = {
-    # IPEX infers the schema from the C++ signature, so the arguments are
-    # unnamed and the only overload is "xpu".
-    "torch_ipex::fp8_gemm_w8a16.xpu": FakeSpec(
-        schema="torch_ipex::fp8_gemm_w8a16.xpu(Tensor _0, Tensor _1, bool _2, "
-        "Tensor? _3, Tensor? _4) -> Tensor _0",
-        fake=ipex_fp8_gemm_w8a16_fake,
-    ),
-}
 
 # op overload -> the fake this module registered for it
 _registered: dict[str, Callable[..., torch.Tensor]] = {}
