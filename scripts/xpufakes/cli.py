@@ -1,38 +1,22 @@
 """Command line: python -m xpufakes <verb> ... (the Makefile's verbs call it).
 
 It parses the arguments, locates the tree, calls the verb (a module named
-for it), prints what the verb returns and maps the outcome to the exit
-status (errors.py); nothing else."""
+for it) and prints what the verb returns; verbs/outcome.py makes the
+outcome the exit status. Nothing else."""
 
 import argparse
 import json
 import shlex
-import signal
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
-from . import (
-    apply,
-    audit,
-    authoring,
-    errors,
-    export,
-    fetch,
-    history,
-    lock,
-    pins,
-    revert,
-    selection,
-    status,
-    streams,
-    transaction,
-    tree,
-    treetest,
-    verify,
-)
-from .errors import Refusal
-from .pipeline import Committed
+from xpufakes.changes import authoring, export, history, selection
+from xpufakes.common import errors, streams
+from xpufakes.common.errors import Refusal
+from xpufakes.proof import audit, verify
+from xpufakes.trees import fetch, pins, tree
+from xpufakes.verbs import apply, outcome, revert, status, treeexport, treetest
+from xpufakes.verbs.pipeline import Committed
 
 
 def _located(path: str | None) -> tree.Tree:
@@ -83,6 +67,17 @@ def cmd_test_tree(args) -> int:
 
 
 def cmd_export(args) -> int:
+    if args.vllm and args.pin:
+        raise Refusal("give VLLM= or PIN=, not both", status=errors.USAGE)
+    if args.vllm:
+        written = treeexport.export_tree(tree.locate(args.vllm), Path(args.out))
+        for path in written:
+            print(f"  {path.name}")
+        print(
+            f"exported {len(written)} patch(es) to {args.out}: apply them to "
+            f"{args.vllm} in order with `patch -p1 -F0`, quilt or `git am`"
+        )
+        return errors.OK
     for name, files in export.export(Path(args.out), args.pin or None).items():
         print(f"{name}: {len(files)} patch(es)")
     print(f"exported to {args.out}")
@@ -90,16 +85,15 @@ def cmd_export(args) -> int:
 
 
 def cmd_stage(args) -> int:
-    from . import stage, treechecks
+    from xpufakes.staging import stage, treechecks
 
-    with lock.tree_lock(tree.locate(args.vllm).root):
-        branch, commits, description, results = stage.stage(
-            args.vllm,
-            args.branch,
-            args.python,
-            shlex.split(args.test_args or ""),
-            full=args.full,
-        )
+    branch, commits, description, results = stage.stage(
+        args.vllm,
+        args.branch,
+        args.python,
+        shlex.split(args.test_args or ""),
+        full=args.full,
+    )
     print("the tree's own checks on the staged files:")
     print(treechecks.report(results))
     print(f"branch {branch}: {len(commits)} commit(s), {commits[-1][:12]}\n")
@@ -118,27 +112,34 @@ def cmd_verify_xpu(args) -> int:
 
 def cmd_audit(args) -> int:
     found = tree.locate(args.vllm)
-    kernels, reports = audit.audit(found, not args.static, args.standins)
-    print((audit.to_json if args.json else audit.table)(found, kernels, reports))
-    return errors.REFUSED if any(r.failing for r in reports) else errors.OK
-
-
-def cmd_bench(args) -> int:
-    from . import bench
-
-    text = bench.report(device=args.device, repeats=args.repeats)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    return errors.OK
-
-
-def cmd_bench_worker(args) -> int:
-    from . import bench
-
-    result = bench.worker(args.variant, args.device, args.repeats)
-    Path(args.out).write_text(json.dumps(result))
-    return errors.OK
+    result = audit.run(
+        found,
+        not args.static,
+        args.standins,
+        args.chains_from,
+        args.model,
+        args.configurations,
+    )
+    if isinstance(result, str):  # not affected
+        print(
+            json.dumps(
+                {
+                    "tree": str(found.root),
+                    "ok": True,
+                    "ops": [],
+                    "not_affected": result,
+                },
+                indent=2,
+            )
+            if args.json
+            else result
+        )
+        return errors.OK
+    if args.json:
+        print(audit.to_json(found, result))
+    else:
+        print(audit.table(found, result))
+    return errors.REFUSED if result.failing else errors.OK
 
 
 def cmd_overlay_history(args) -> int:
@@ -184,7 +185,15 @@ def _parser() -> argparse.ArgumentParser:
     verb("fetch", cmd_fetch, "fetch releases", releases, every, ("--path", "paths"))
     verb("pins", cmd_pins, "list the supported releases")
     out, pin = ("out", {"metavar": "OUT"}), ("--pin", {"metavar": "RELEASE"})
-    verb("export", cmd_export, "write a plain series for quilt / git am", out, pin)
+    tree_of = ("--vllm", {"metavar": "VLLM", "help": "the change to this tree"})
+    verb(
+        "export",
+        cmd_export,
+        "write a plain series for quilt / git am",
+        out,
+        pin,
+        tree_of,
+    )
     options = [(name, {}) for name in ("--branch", "--python", "--test-args")]
     full = ("--full", "the whole overlay, not the fix in place")
     verb("stage", cmd_stage, "the fix as a branch of a checkout", vllm, *options, full)
@@ -192,13 +201,40 @@ def _parser() -> argparse.ArgumentParser:
     grid = (("--vllm", {}), kernels, quick, as_json, json_out)
     verb("verify-xpu", cmd_verify_xpu, "opcheck the registered fakes", *grid)
     static = ("--static", "skip loading the fakes")
-    verb("audit", cmd_audit, "XPU ops in traced code", vllm, as_json, static, kernels)
-    device = ("--device", {"default": "cpu", "choices": ["cpu", "xpu"]})
-    repeats = ("--repeats", {"type": int, "default": 7})
-    verb("bench", cmd_bench, "eager vs compiled", device, repeats, ("--out", {}))
-    variant = ("variant", {"choices": ["ours", "upstream", "none"]})
-    once = (variant, ("--device", {}), ("--repeats", {"type": int, "default": 5}))
-    verb("bench-worker", cmd_bench_worker, None, *once, ("--out", {"required": True}))
+    chains = (
+        "--chains-from",
+        {
+            "metavar": "MODEL",
+            "default": "",
+            "help": "a model module (qwen3_vl_moe) "
+            "the chains of untraceable calls should start from where they can",
+        },
+    )
+    model = (
+        "--model",
+        {
+            "metavar": "NAME",
+            "default": "",
+            "help": "also trace that model of data/models.toml (qwen3_vl_moe, "
+            "qwen3_moe) whole, as vLLM compiles it",
+        },
+    )
+    configurations = (
+        "--configurations",
+        {"default": "default,sp", "help": "of --model: default, sp"},
+    )
+    verb(
+        "audit",
+        cmd_audit,
+        "XPU ops in traced code",
+        vllm,
+        as_json,
+        static,
+        kernels,
+        chains,
+        model,
+        configurations,
+    )
     rest = ("pytest_args", {"nargs": argparse.REMAINDER})
     verb("test-tree", cmd_test_tree, "run the fakes' in-tree tests", vllm, rest)
     verb("overlay-history", cmd_overlay_history, "record the overlay's versions")
@@ -207,50 +243,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    with streams.lossy():
-        return _run(args)
-
-
-# Verbs that change a tree hold signals from start to exit (see transaction).
-_HOLDING = {"apply", "revert"}
-
-
-def _run(args) -> int:
-    holding = transaction.held_signals() if args.verb in _HOLDING else nullcontext([])
     try:
-        with holding as pending:
-            try:
-                outcome = args.func(args)
-            except Refusal as e:
-                if pending and e.status != errors.STRANDED:
-                    # the signal stopped it (e.g. the proof's subprocess got
-                    # the same Ctrl-C), and nothing was changed
-                    raise transaction.Interrupted(pending[0]) from None
-                raise
-            committed = outcome if isinstance(outcome, Committed) else None
-            sys.stdout.flush()
-            if pending:
-                name = signal.Signals(pending[0]).name
-                if committed:
-                    print(
-                        f"{committed.done}; interrupted by {name} after "
-                        f"{committed.leaves}",
-                        file=sys.stderr,
-                    )
-                    return errors.INTERRUPTED_AFTER_COMMIT
-                print(f"error: interrupted by {name}; nothing changed", file=sys.stderr)
-                return 128 + pending[0]
-            return outcome if isinstance(outcome, int) else errors.OK
-    except Refusal as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.status
-    except transaction.Interrupted as e:
-        print(f"error: {e}; nothing changed (every file is as it was)", file=sys.stderr)
-        return 128 + e.signum
-    except KeyboardInterrupt:
+        args = _parser().parse_args(argv)
+        with streams.lossy():
+            return outcome.run(lambda: args.func(args), args.verb in _HOLDING)
+    except KeyboardInterrupt:  # before outcome.run holds or handles it
         print("error: interrupted; nothing changed", file=sys.stderr)
         return errors.INTERRUPTED
+
+
+# Verbs that change a tree hold signals from start to exit (verbs/outcome.py).
+_HOLDING = {"apply", "revert"}
 
 
 if __name__ == "__main__":

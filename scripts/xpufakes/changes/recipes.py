@@ -1,0 +1,730 @@
+"""How each patch is made: an edit of the pristine file of a release, and the
+patch's header (data/dep3_headers.toml). `make refresh` runs the edits on
+every pinned release and writes patches/ (grouping releases whose diffs are
+the same into one series), so the diff context always comes from the
+official sdists; the recipe path (recipe_path.py) and `make stage` run the
+same edits on a tree's live files.
+"""
+
+import ast
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xpufakes.common import ops, paths
+from xpufakes.common.ops import XPU_C_GEMMS
+from xpufakes.trees import natives, pins, pysource
+
+FAKES_MODULE = "vllm/_xpu_gemm_fakes.py"
+TREE_TEST = "tests/kernels/quantization/test_xpu_gemm_fakes.py"
+TREE_TEST_REFERENCE = "tests/kernels/quantization/xpu_gemm_reference.py"
+WOQ_MODULE = "vllm/_ipex_woq_linear.py"
+WOQ_TREE_TEST = "tests/kernels/quantization/test_ipex_woq_linear.py"
+OPAQUE_MODULE = "vllm/_xpu_opaque_calls.py"
+OPAQUE_TREE_TEST = "tests/kernels/test_xpu_opaque_calls.py"
+# the modules we add to vllm/ (never a recipe's target)
+OUR_MODULES = frozenset({FAKES_MODULE, WOQ_MODULE, OPAQUE_MODULE})
+
+
+class RecipeError(Exception):
+    """The pristine file is not shaped as the recipe expects."""
+
+
+class RecipeRefusal(RecipeError):
+    """A site the recipe must change and cannot: refused, wherever it is."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    target: str  # the release's file it edits
+    edit: Callable[[str], str]
+    # files of the releases that have them, edited the same way
+    optional: tuple[str, ...] = ()
+    # On a tree that is not a pinned release's: the edit applies to every file
+    # of vllm/ where its sites are (source text containing all of `anywhere`,
+    # or for which `anywhere_if` says so), not only to its files.
+    anywhere: tuple[str, ...] = ()
+    anywhere_if: Callable[[str], bool] | None = None
+
+    @property
+    def files(self) -> list[tuple[str, bool]]:
+        """(path, required) of each release file it edits."""
+        return [(self.target, True), *((path, False) for path in self.optional)]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str  # the patch file name
+    edits: tuple[Edit, ...]
+    overlay: tuple[str, ...]
+    header: str  # DEP-3 fields; {releases} is replaced by the releases it fits
+    depends: tuple[str, ...] = ()  # patches it needs (X-Depends:), by number
+    # edits run after `edits` on a mixed tree (IPEX era, but some of its code
+    # calls the _xpu_C GEMMs): register those fakes too
+    mixed_edits: tuple[Edit, ...] = ()
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def _statements(text: str) -> list[ast.stmt]:
+    return ast.parse(text).body
+
+
+def _is_type_checking_if(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    )
+
+
+def xpu_c_gemm_guard(node: ast.stmt) -> str | None:
+    """The op name of `if hasattr(torch.ops._xpu_C, "<gemm>"):`, else None."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Call):
+        return None
+    call = node.test
+    if not (isinstance(call.func, ast.Name) and call.func.id == "hasattr"):
+        return None
+    if len(call.args) != 2 or ast.unparse(call.args[0]) != "torch.ops._xpu_C":
+        return None
+    name = call.args[1]
+    if isinstance(name, ast.Constant) and name.value in XPU_C_GEMMS:
+        return name.value
+    return None
+
+
+def _names_used(nodes: list[ast.stmt]) -> set[str]:
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _register_fake_shim(body: list[ast.stmt]) -> ast.stmt | None:
+    """vLLM's `if TYPE_CHECKING: def register_fake ... else: from torch.library
+    import register_fake` statement, wherever it is."""
+    for node in body:
+        if _is_type_checking_if(node) and any(
+            isinstance(n, ast.FunctionDef) and n.name == "register_fake"
+            for n in ast.walk(node)
+        ):
+            return node
+    return None
+
+
+def xpu_gemm_fake_sites(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The module-level statements to remove from vllm/_xpu_ops.py: every
+    `if hasattr(torch.ops._xpu_C, "<gemm>"):` block (wherever it is, in any
+    order, whatever lies between them) and the register_fake shim if nothing
+    else uses it."""
+    blocks = [n for n in body if xpu_c_gemm_guard(n)]
+    if not blocks:
+        raise RecipeError('no `if hasattr(torch.ops._xpu_C, "<gemm>"):` block')
+    shim = _register_fake_shim(body)
+    rest = [n for n in body if n is not shim and n not in blocks]
+    if shim is not None and "register_fake" not in _names_used(rest):
+        blocks.append(shim)
+    return sorted(blocks, key=lambda n: n.lineno)
+
+
+def _runs(body: list[ast.stmt], chosen: list[ast.stmt]) -> list[tuple[int, int]]:
+    """(first line index, end line) of each run of adjacent chosen statements."""
+    runs: list[tuple[int, int]] = []
+    previous = None
+    for index, node in enumerate(body):
+        if node not in chosen:
+            continue
+        if runs and previous == index - 1:
+            runs[-1] = (runs[-1][0], node.end_lineno)
+        else:
+            runs.append((node.lineno - 1, node.end_lineno))
+        previous = index
+    return runs
+
+
+def _drop_blank_after(lines: list[str], at: int) -> None:
+    """Remove the blank lines at `at` if a blank line precedes them."""
+    if at > 0 and lines[at - 1].strip() == "":
+        while at < len(lines) and lines[at].strip() == "":
+            del lines[at]
+
+
+def _typing_import(body: list[ast.stmt], name: str) -> ast.ImportFrom | None:
+    """The one-line module-level `from typing import ... name ...`."""
+    for node in body:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "typing"
+            and name in [a.name for a in node.names]
+            and node.lineno == node.end_lineno
+        ):
+            return node
+    return None
+
+
+def _drop_typing_name(lines: list[str], body: list[ast.stmt], name: str) -> None:
+    """Remove `name` from its module-level `from typing import ...`; the whole
+    line if it was the only name."""
+    node = _typing_import(body, name)
+    if node is not None:
+        names = [a.name for a in node.names]
+        at = node.lineno - 1
+        if names == [name]:
+            if lines[at - 1] == "\n" and lines[at + 1] == "\n":
+                del lines[at : at + 2]  # it was a group of its own
+            else:
+                del lines[at]
+        else:
+            kept = ", ".join(
+                a.name + (f" as {a.asname}" if a.asname else "")
+                for a in node.names
+                if a.name != name
+            )
+            lines[at] = f"from typing import {kept}\n"
+
+
+XPU_REGISTRATION = (
+    "# torch.compile needs a fake (meta) implementation of each custom op it\n",
+    "# traces. The fakes of the _xpu_C GEMMs are in vllm/_xpu_gemm_fakes.py:\n",
+    "# each reproduces its kernel's output shape, strides and dtype, and is\n",
+    "# registered only if the op has the schema it was written for.\n",
+    "register_xpu_gemm_fakes()\n",
+)
+
+
+def edit_xpu_ops(text: str) -> str:
+    """vllm/_xpu_ops.py (0.16.0+): drop the upstream GEMM fakes and the
+    register_fake shim only they use; register the canonical fakes instead,
+    where the first of them was."""
+    body = _statements(text)
+    lines = _lines(text)
+    removed = xpu_gemm_fake_sites(body)
+    runs = _runs(body, removed)
+    import_line = "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n"
+    import_at = _vllm_import_position(body, "vllm._xpu_gemm_fakes")
+    remaining = [n for n in body if n not in removed]
+    # edits from the bottom up, so that line numbers stay valid
+    edits = [(first, last, i) for i, (first, last) in enumerate(runs)]
+    edits.append((import_at, import_at, "import"))
+    typing = _typing_import(body, "TYPE_CHECKING")
+    if typing is not None and "TYPE_CHECKING" not in _names_used(remaining):
+        edits.append((typing.lineno - 1, typing.lineno - 1, "typing"))
+    for first, last, what in sorted(edits, key=lambda e: e[0], reverse=True):
+        if what == "import":
+            lines.insert(first, import_line)
+        elif what == "typing":
+            _drop_typing_name(lines, body, "TYPE_CHECKING")
+        elif what == 0:
+            lines[first:last] = XPU_REGISTRATION
+        else:
+            del lines[first:last]
+            _drop_blank_after(lines, first)
+    return "".join(lines)
+
+
+def _ipex_import_site(module: ast.Module) -> ast.stmt | None:
+    """The statement after which IPEX's ops exist: the innermost `try:` whose
+    body imports intel_extension_for_pytorch, else that import itself; at
+    module level (also inside module-level `if` / `try` blocks), never inside
+    a function."""
+
+    def imports_ipex(node: ast.stmt) -> bool:
+        return isinstance(node, ast.Import) and any(
+            a.name == "intel_extension_for_pytorch" for a in node.names
+        )
+
+    def search(statements: list[ast.stmt]) -> ast.stmt | None:
+        for node in statements:
+            if imports_ipex(node):
+                return node
+            if isinstance(node, ast.Try):
+                inner = search(node.body)
+                if inner is not None:
+                    return node if inner in node.body else inner
+            if isinstance(node, ast.If):
+                inner = search(node.body) or search(node.orelse)
+                if inner is not None:
+                    return inner
+        return None
+
+    return search(module.body)
+
+
+IPEX_REGISTRATION = (
+    "\n",
+    "# torch.compile needs a fake (meta) implementation of each custom op it\n",
+    "# traces, and IPEX has none for the GEMMs of the quantized linear methods.\n",
+    "# vllm/_xpu_gemm_fakes.py registers exact ones for the ops that exist (the\n",
+    "# XPU builds of IPEX) and have the schema they were written for.\n",
+    "register_ipex_gemm_fakes()\n",
+)
+
+
+def returns_gemm_unchanged(impl: ast.FunctionDef, gemm: str) -> bool:
+    """Whether impl's only statement (after its docstring) is
+    `return torch.ops._xpu_C.<gemm>(<its own parameters, in order>)`."""
+    body = impl.body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+    ):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Return):
+        return False
+    call = body[0].value
+    params = [a.arg for a in impl.args.args]
+    return (
+        isinstance(call, ast.Call)
+        and ast.unparse(call.func) == f"torch.ops._xpu_C.{gemm}"
+        and not call.keywords
+        and [ast.unparse(a) for a in call.args] == params
+    )
+
+
+def edit_xpu_gemm_wrapper_fakes(text: str) -> str:
+    """vllm/_xpu_ops.py (0.27.0+): the fake of each vLLM op that returns a
+    _xpu_C GEMM's output unchanged (vllm::xpu_fp8_bmm) becomes that GEMM's
+    canonical fake. Releases without such a wrapper are left as they are."""
+    body = _statements(text)
+    functions = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
+    lines = _lines(text)
+    used = []
+    for wrapper in ops.WRAPPERS.values():
+        fake_name, impl_name = wrapper.fake, wrapper.impl
+        gemm, canonical = wrapper.gemm, wrapper.canonical
+        fake = functions.get(fake_name)
+        if fake is None:
+            continue
+        impl = functions.get(impl_name)
+        if impl is None or not returns_gemm_unchanged(impl, gemm):
+            raise RecipeError(
+                f"{impl_name} no longer returns torch.ops._xpu_C.{gemm}(...) "
+                f"unchanged; {fake_name} needs a new look"
+            )
+        params = [a.arg for a in fake.args.args]
+        if params != [a.arg for a in impl.args.args]:
+            raise RecipeError(f"{fake_name} and {impl_name} differ in parameters")
+        indent = " " * fake.body[0].col_offset
+        lines[fake.returns.end_lineno : fake.end_lineno] = [
+            f"{indent}# The op returns torch.ops._xpu_C.{gemm}'s output as it is,"
+            " so its\n",
+            f"{indent}# fake is that kernel's (whose output follows the input's"
+            " strides).\n",
+            f"{indent}return {canonical}({', '.join(params)})\n",
+        ]
+        used.append(canonical)
+    if not used:
+        return text
+    result = "".join(lines)
+    old = "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n"
+    if old not in result:
+        raise RecipeError("no `from vllm._xpu_gemm_fakes import` line")
+    names = ", ".join(sorted([*used, "register_xpu_gemm_fakes"]))
+    return result.replace(old, f"from vllm._xpu_gemm_fakes import {names}\n", 1)
+
+
+def edit_xpu_ops_and_wrappers(text: str) -> str:
+    """vllm/_xpu_ops.py: the canonical GEMM fakes, and the same fakes for
+    vLLM's ops that wrap the GEMMs."""
+    return edit_xpu_gemm_wrapper_fakes(edit_xpu_ops(text))
+
+
+def edit_ipex_ops(text: str) -> str:
+    """vllm/_ipex_ops.py (0.10.2-0.14.1): register the canonical fakes of the
+    torch_ipex GEMMs right after IPEX is imported (the ops exist only then)."""
+    module = ast.parse(text)
+    body = module.body
+    lines = _lines(text)
+    site = _ipex_import_site(module)
+    if site is None:
+        raise RecipeError("no `import intel_extension_for_pytorch` at module level")
+    indent = " " * site.col_offset
+    lines[site.end_lineno : site.end_lineno] = [
+        line if line == "\n" else indent + line for line in IPEX_REGISTRATION
+    ]
+    _insert_vllm_import(
+        lines, body, "from vllm._xpu_gemm_fakes import register_ipex_gemm_fakes\n"
+    )
+    return "".join(lines)
+
+
+def add_xpu_gemm_registration(text: str) -> str:
+    """vllm/_ipex_ops.py of a mixed tree (IPEX era, but some code calls the
+    _xpu_C GEMMs): after edit_ipex_ops, also register the _xpu_C fakes."""
+    module = ast.parse(text)
+    call = next(
+        (
+            n
+            for n in ast.walk(module)
+            if isinstance(n, ast.Expr)
+            and ast.unparse(n.value) == "register_ipex_gemm_fakes()"
+        ),
+        None,
+    )
+    if call is None:
+        raise RecipeError("no `register_ipex_gemm_fakes()` call")
+    lines = _lines(text)
+    lines.insert(call.end_lineno, " " * call.col_offset + "register_xpu_gemm_fakes()\n")
+    line = "from vllm._xpu_gemm_fakes import register_ipex_gemm_fakes\n"
+    at = lines.index(line)
+    lines[at] = (
+        "from vllm._xpu_gemm_fakes import (\n"
+        "    register_ipex_gemm_fakes,\n"
+        "    register_xpu_gemm_fakes,\n"
+        ")\n"
+    )
+    return "".join(lines)
+
+
+def _vllm_import_position(body: list[ast.stmt], module: str) -> int:
+    """The line index where isort puts `from <module> import ...` among the
+    module-level vllm imports (they are sorted by module name)."""
+    vllm_imports = [
+        n
+        for n in body
+        if isinstance(n, ast.ImportFrom)
+        and n.level == 0
+        and (n.module == "vllm" or (n.module or "").startswith("vllm."))
+    ]
+    if not vllm_imports:
+        raise RecipeError("no module-level `from vllm... import`")
+    later = [n for n in vllm_imports if n.module > module]
+    return later[0].lineno - 1 if later else vllm_imports[-1].end_lineno
+
+
+def _insert_vllm_import(lines: list[str], body: list[ast.stmt], line: str) -> None:
+    """Insert `from <module> import ...` among the module-level vllm imports,
+    where isort puts it."""
+    lines.insert(_vllm_import_position(body, line.split()[1]), line)
+
+
+# IPEX's weight-only-quantized linear module classes (their `from_weight`
+# makes the module that vLLM stores on the layer and calls in apply()).
+WOQ_CLASSES = ("IPEXWeightOnlyQuantizedLinear", "WeightOnlyQuantizedLinear")
+
+
+def _woq_creation(value: ast.expr) -> ast.Call | None:
+    """The `<...>.<WOQ class>.from_weight(...)` call in an expression."""
+    for node in ast.walk(value):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "from_weight"
+            and ast.unparse(node.func.value).split(".")[-1] in WOQ_CLASSES
+        ):
+            return node
+    return None
+
+
+def _out_features(function: ast.AST, owner: str, call: ast.Call) -> str:
+    """The expression for the module's output size: `<owner>.ipex_output_size`
+    when the function sets it, else from_weight's out_features argument."""
+    wanted = f"{owner}.ipex_output_size"
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and any(
+            ast.unparse(t) == wanted for t in node.targets
+        ):
+            return wanted
+    value = next((k.value for k in call.keywords if k.arg == "out_features"), None)
+    if value is None and len(call.args) >= 5:
+        value = call.args[4]
+    if value is None:
+        raise RecipeError("from_weight(...) is given no out_features")
+    return ast.unparse(value)
+
+
+def woq_sites(module: ast.Module) -> list[tuple[ast.Assign, str, str]]:
+    """Every place an IPEX WOQ linear module is made and stored on an object
+    (`X.<attr> = <...>.IPEXWeightOnlyQuantizedLinear.from_weight(...)`), in
+    any function: (the assignment, the stored-to expression, the output-size
+    expression)."""
+    sites = []
+    functions = [
+        n
+        for n in ast.walk(module)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    for function in functions:
+        for node in ast.walk(function):
+            if not (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute)
+            ):
+                continue
+            call = _woq_creation(node.value)
+            if call is None:
+                continue
+            owner = ast.unparse(node.targets[0].value)
+            sites.append(
+                (
+                    node,
+                    ast.unparse(node.targets[0]),
+                    _out_features(function, owner, call),
+                )
+            )
+    unique = {id(node): (node, t, o) for node, t, o in sites}  # nested functions
+    return sorted(unique.values(), key=lambda s: s[0].lineno)
+
+
+def woq_wrap_lines(indent: str, module: str, out_features: str) -> list[str]:
+    """What goes right after a WOQ module is made: wrap it in one op."""
+    return [
+        f"{indent}# torch.compile cannot trace IPEX's WOQ forward: run it as one op\n",
+        f"{indent}{module} = opaque_ipex_woq_linear(\n",
+        f"{indent}    {module}, {out_features}\n",
+        f"{indent})\n",
+    ]
+
+
+def edit_woq(text: str) -> str:
+    """ipex_quant.py, kernels/mixed_precision/xpu.py, or any file that makes
+    an IPEX weight-only-quantized linear module (IPEX era): wrap each module,
+    right after it is made, so that torch.compile sees one op instead of
+    IPEX's forward."""
+    module = ast.parse(text)
+    lines = _lines(text)
+    sites = woq_sites(module)
+    if not sites:
+        raise RecipeError(
+            "no `X.<attr> = ...IPEXWeightOnlyQuantizedLinear.from_weight(...)`"
+        )
+    for node, target, out_features in reversed(sites):
+        lines[node.end_lineno : node.end_lineno] = woq_wrap_lines(
+            " " * node.col_offset, target, out_features
+        )
+    _insert_vllm_import(
+        lines, module.body, "from vllm._ipex_woq_linear import opaque_ipex_woq_linear\n"
+    )
+    return "".join(lines)
+
+
+# The calls Dynamo cannot trace that a recipe makes traceable: callee ->
+# contract (data/opaque_calls.toml; vllm/_xpu_opaque_calls.py registers one
+# op per callee).
+OPAQUE_CALLS: dict[str, dict] = tomllib.loads(
+    (paths.DATA / "opaque_calls.toml").read_text()
+)
+_CALLEE_NAMES = tuple({c.rsplit(".", 1)[1] for c in OPAQUE_CALLS})
+OPAQUE_IMPORT = "import vllm._xpu_opaque_calls  # noqa: F401\n"
+
+
+def may_call_opaque(text: str) -> bool:
+    """Whether a module's text may call a callee of OPAQUE_CALLS."""
+    return any(f"{name}(" in text for name in _CALLEE_NAMES)
+
+
+def opaque_call_sites(text: str) -> list[tuple[ast.Call, str, ast.AST]]:
+    """(call, callee, its parent node) of every call of an OPAQUE_CALLS callee
+    in a module, the callee qualified through the module's imports (those of
+    the function the call is in first)."""
+    tree = ast.parse(text)
+    module = pysource.Module("vllm._edited", "vllm/_edited.py", tree, False)
+    parents = {
+        id(child): node
+        for node in ast.walk(tree)
+        for child in ast.iter_child_nodes(node)
+    }
+    found: dict[int, tuple[ast.Call, str, ast.AST]] = {}
+    for qual, function in module.functions.items():
+        for call in ast.walk(function):
+            if not isinstance(call, ast.Call) or id(call) in found:
+                continue
+            name = natives.dotted(call.func)
+            for qualified in module.qualify_all(name, qual) if name else []:
+                if qualified in OPAQUE_CALLS:
+                    found[id(call)] = (call, qualified, parents[id(call)])
+                    break
+    return sorted(found.values(), key=lambda site: (site[0].lineno, site[0].col_offset))
+
+
+def _refuse_site(call: ast.Call, callee: str, parent: ast.AST) -> str | None:
+    """Why a call cannot become its op's call, or None."""
+    contract = OPAQUE_CALLS[callee]
+    params = [p.split()[1].split("=")[0] for p in contract["params"]]
+    required = [p.split()[1] for p in contract["params"] if "=" not in p]
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(
+        k.arg is None for k in call.keywords
+    ):
+        return "it passes *args or **kwargs"
+    if len(call.args) > len(params):
+        return f"it passes {len(call.args)} arguments, the contract has {len(params)}"
+    given = params[: len(call.args)] + [k.arg for k in call.keywords]
+    unknown = [k.arg for k in call.keywords if k.arg not in params]
+    if unknown:
+        return f"keyword {unknown[0]!r} is not in the contract"
+    missing = [p for p in required if p not in given]
+    if missing:
+        return f"it does not pass {missing[0]!r}"
+    if not contract["returns"] and not isinstance(parent, ast.Expr):
+        return "its result is used, and the kernel returns nothing it may use"
+    return None
+
+
+def edit_opaque_calls(text: str) -> str:
+    """Any file of vllm/: every call of a callee Dynamo cannot trace
+    (OPAQUE_CALLS) becomes a call of its vLLM op, `torch.ops.vllm.<op>(...)`
+    with the same arguments, and the module imports vllm/_xpu_opaque_calls.py,
+    which registers the ops. A file without such a call is left as it is; a
+    call that cannot be rewritten is refused, naming it."""
+    try:
+        sites = opaque_call_sites(text)
+    except SyntaxError:
+        return text  # the tree's own error: the proof names its file and line
+    if not sites:
+        return text
+    body = _statements(text)
+    if not any(
+        isinstance(n, ast.Import)
+        and any(a.name == "torch" and not a.asname for a in n.names)
+        for n in body
+    ):
+        raise RecipeRefusal("no module-level `import torch`")
+    lines = _lines(text)
+    for call, callee, parent in reversed(sites):
+        why = _refuse_site(call, callee, parent)
+        if why:
+            raise RecipeRefusal(
+                f"line {call.lineno}: {callee}(...) cannot become its op's call: {why}"
+            )
+        func = call.func
+        if func.lineno != func.end_lineno:
+            raise RecipeRefusal(f"line {call.lineno}: {callee} spans lines")
+        row = func.lineno - 1
+        line = lines[row]
+        start = len(line.encode()[: func.col_offset].decode())
+        end = len(line.encode()[: func.end_col_offset].decode())
+        op = OPAQUE_CALLS[callee]["op"]
+        lines[row] = f"{line[:start]}torch.ops.vllm.{op}{line[end:]}"
+    heads = {natives.dotted(call.func).split(".")[0] for call, _, _ in sites}
+    _keep_unused_imports(lines, heads)
+    _insert_first_party_import(lines, body, OPAQUE_IMPORT)
+    return "".join(lines)
+
+
+def _keep_unused_imports(lines: list[str], names: set[str]) -> None:
+    """An import whose name the rewritten calls were the only users of stays
+    (it says what the module needs: `import intel_extension_for_pytorch as
+    ipex` in a try that re-raises), marked for the linter as used."""
+    tree = ast.parse("".join(lines))
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        bound = {a.asname or a.name.split(".")[0] for a in node.names}
+        if bound & names and not bound & used and node.lineno == node.end_lineno:
+            row = node.lineno - 1
+            if "noqa" not in lines[row]:
+                lines[row] = lines[row].rstrip("\n") + "  # noqa: F401\n"
+
+
+def _first_party(node: ast.stmt) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level == 0 and (node.module or "").split(".")[0] == "vllm"
+    return isinstance(node, ast.Import) and any(
+        a.name.split(".")[0] == "vllm" for a in node.names
+    )
+
+
+def _insert_first_party_import(
+    lines: list[str], body: list[ast.stmt], line: str
+) -> None:
+    """`import vllm.<module>` where isort puts it: in the module's first
+    block of imports that has vLLM's own, before its `from vllm... import`s,
+    in name order among its `import vllm...`s."""
+    first = next((i for i, n in enumerate(body) if _first_party(n)), None)
+    if first is None:
+        raise RecipeRefusal("no module-level `from vllm... import`")
+    name = line.split()[1]
+    at = body[first].lineno - 1
+    for node in body[first:]:
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            break
+        if isinstance(node, ast.Import) and _first_party(node):
+            if node.names[0].name < name:
+                at = node.end_lineno
+            else:
+                break
+    lines.insert(at, line)
+
+
+# Text that only our changes put into a vLLM file.
+MARKERS = ("vllm._xpu_gemm_fakes", "vllm._ipex_woq_linear", "vllm._xpu_opaque_calls")
+
+
+def carries_ours(text: str) -> bool:
+    """Whether a file holds any of our changes."""
+    return any(marker in text for marker in MARKERS)
+
+
+_HEADERS = tomllib.loads((paths.DATA / "dep3_headers.toml").read_text())
+IPEX_HEADER, WOQ_HEADER, KERNELS_HEADER, OPAQUE_HEADER = (
+    _HEADERS["ipex"],
+    _HEADERS["woq"],
+    _HEADERS["kernels"],
+    _HEADERS["opaque"],
+)
+COMMON_FIELDS = _HEADERS["common"]
+
+OVERLAY = (FAKES_MODULE, TREE_TEST_REFERENCE, TREE_TEST)
+
+# what a file that makes an IPEX WOQ module contains (a cheap pre-filter)
+WOQ_SOURCE_TEXT = ("from_weight", "WeightOnlyQuantizedLinear")
+
+# The patches of each era, in series order.
+RECIPES: dict[str, tuple[Recipe, ...]] = {
+    pins.IPEX: (
+        Recipe(
+            name="0001-xpu-register-fakes-for-ipex-gemms.patch",
+            edits=(Edit("vllm/_ipex_ops.py", edit_ipex_ops),),
+            overlay=OVERLAY,
+            header=IPEX_HEADER + COMMON_FIELDS,
+            mixed_edits=(Edit("vllm/_ipex_ops.py", add_xpu_gemm_registration),),
+        ),
+        Recipe(
+            name="0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch",
+            edits=(
+                Edit(
+                    "vllm/model_executor/layers/quantization/ipex_quant.py",
+                    edit_woq,
+                    optional=(
+                        "vllm/model_executor/layers/quantization/kernels/"
+                        "mixed_precision/xpu.py",
+                    ),
+                    anywhere=WOQ_SOURCE_TEXT,
+                ),
+            ),
+            overlay=(WOQ_MODULE, WOQ_TREE_TEST),
+            header=WOQ_HEADER + COMMON_FIELDS,
+            depends=(
+                "0001 (vllm/_ipex_woq_linear.py imports its fake from 0001's "
+                "vllm/_xpu_gemm_fakes.py)",
+            ),
+        ),
+        Recipe(
+            name="0003-xpu-run-untraceable-kernel-calls-as-custom-ops.patch",
+            edits=(
+                Edit(
+                    "vllm/_ipex_ops.py",
+                    edit_opaque_calls,
+                    optional=("vllm/lora/ops/ipex_ops/lora_ops.py",),
+                    anywhere_if=may_call_opaque,
+                ),
+            ),
+            overlay=(OPAQUE_MODULE, OPAQUE_TREE_TEST),
+            header=OPAQUE_HEADER + COMMON_FIELDS,
+            depends=(
+                "0001 (its hunks in vllm/_ipex_ops.py are made on the file as "
+                "0001 leaves it)",
+            ),
+        ),
+    ),
+    pins.KERNELS: (
+        Recipe(
+            name="0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch",
+            edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops_and_wrappers),),
+            overlay=OVERLAY,
+            header=KERNELS_HEADER + COMMON_FIELDS,
+        ),
+    ),
+}

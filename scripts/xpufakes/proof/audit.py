@@ -1,0 +1,338 @@
+"""`make audit`: which XPU custom ops a vLLM tree calls in code that
+torch.compile traces (the static scan, scan.py), and whether each has a
+conformant fake.
+
+Dynamic part: the tree's own registering module is imported in a separate
+process against the stand-in kernels (`verify-xpu --standins`), which says
+for each GEMM whether a fake is registered and whether it passes the opcheck
+grid. Ops without a reference kernel are reported by whether the tree
+registers a fake for them at all (`register_fake("<ns>::<op>")`); ops whose
+schema is not in data/op_schemas.toml are reported as unknown. vLLM's own ops
+that return a GEMM's output unchanged (ops.WRAPPER_OPS) are found and checked
+like the GEMMs; calls into other op namespaces from XPU code (a file or
+function that names XPU) are reported as "unknown namespace".
+
+Then every call on the traced path that Dynamo cannot trace at all (reach.py:
+a C extension's function, a ctypes call, an IPEX Python API, a torch_ipex op
+that cannot have a fake), with the configurations that reach it and a chain
+of calls, file:line each: any one fails the audit.
+"""
+
+import importlib.util
+import json
+import sys
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from xpufakes.changes import base, kernels
+from xpufakes.common import isolated, paths
+from xpufakes.common.errors import Refusal
+from xpufakes.common.ops import IPEX_WOQ, NAMESPACES, WRAPPER_OPS
+from xpufakes.proof import modelproof, reach, scan
+from xpufakes.proof.scan import IF_ENABLED, TRACED, CallSite
+from xpufakes.trees import pins, tree
+
+UNKNOWN_NAMESPACE = "unknown namespace"
+SCHEMAS = paths.DATA / "op_schemas.toml"
+
+
+@dataclass
+class OpReport:
+    op: str
+    schema: str | None
+    returns_tensor: bool | None  # None: unknown schema
+    sites: list[CallSite] = field(default_factory=list)
+    fake: str = "none"  # "registered", "declared in source", "none"
+    conforms: bool | None = None  # None: not checked (no reference kernel)
+    detail: str = ""
+
+    @property
+    def traced(self) -> bool:
+        return any(s.context == TRACED for s in self.sites)
+
+    @property
+    def verdict(self) -> str:
+        if not self.sites or not any(
+            s.context in (TRACED, IF_ENABLED) for s in self.sites
+        ):
+            return "not traced"
+        if self.op.split("::")[0] not in NAMESPACES and self.op not in WRAPPER_OPS:
+            return UNKNOWN_NAMESPACE
+        if self.returns_tensor is None:
+            return "unknown schema"
+        if not self.returns_tensor:
+            return "ok (no tensor returned)"
+        if self.fake == "none":
+            return "FAIL: no fake" if self.traced else "warn: no fake"
+        if self.conforms is False:
+            return (
+                "FAIL: fake does not conform"
+                if self.traced
+                else "warn: fake does not conform"
+            )
+        if self.conforms is None:
+            return "unverified fake"
+        return "ok"
+
+    @property
+    def failing(self) -> bool:
+        return self.verdict.startswith("FAIL")
+
+
+def _schemas() -> dict[str, str]:
+    """op -> schema; an op is also found by its name without the overload
+    (IPEX's ops have only the "xpu" one, which a call without it resolves to)."""
+    data = tomllib.loads(SCHEMAS.read_text())
+    schemas = {}
+    for ns, ops in data.items():
+        for name, schema in ops.items():
+            schemas[f"{ns}::{name}"] = schema
+            schemas.setdefault(f"{ns}::{name.split('.')[0]}", schema)
+    return schemas
+
+
+def _returns_tensor(schema: str) -> bool:
+    returns = schema.rsplit("->", 1)[1]
+    return "Tensor" in returns
+
+
+# ---------------------------------------------------------------------------
+# Dynamic part and report
+# ---------------------------------------------------------------------------
+
+
+def kernels_of(found: tree.Tree) -> str:
+    """The stand-in kernels for a tree (kernels.of_tree), its pin found by
+    the version it says it is."""
+    try:
+        version, _ = tree.detect_version(found)
+        pin = pins.load().releases.get(version)
+    except Refusal:
+        pin = None
+    return kernels.of_tree(found.root, pin)
+
+
+def check_fakes(root: Path, kernels: str) -> dict[str, dict]:
+    """op -> verify-xpu's result for it, from a separate process."""
+    done, result = isolated.run_verb(
+        ["verify-xpu", "--vllm", str(root), "--standins", kernels, "--quick"],
+        "--json-out",
+    )
+    if done.returncode not in (0, 1) or result is None:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = tail.removeprefix("error: ")
+        raise Refusal(f"cannot load the tree's fakes against the stand-ins: {tail}")
+    return {entry["op"]: entry for entry in result}
+
+
+@dataclass
+class Result:
+    """What the audit found: the stand-in kernels it loaded the fakes
+    against, the report of each op the tree calls, and the calls Dynamo
+    cannot trace (reach.find; those reached count)."""
+
+    kernels: str
+    reports: list[OpReport]
+    untraceable: list[reach.Finding]
+    model: dict | None = None  # MODEL=: the model proof's result
+
+    @property
+    def reached(self) -> list[reach.Finding]:
+        return [f for f in self.untraceable if f.reached]
+
+    @property
+    def failing(self) -> bool:
+        model_fails = self.model is not None and modelproof.failing(self.model)
+        return any(r.failing for r in self.reports) or bool(self.reached) or model_fails
+
+
+def run(
+    found: tree.Tree,
+    dynamic: bool = True,
+    standins: str | None = None,
+    prefer: str = "",
+    model: str = "",
+    configurations: str = "default,sp",
+) -> "Result | str":
+    """`make audit`: the audit of a tree (with `model`, that model traced
+    whole too: modelproof.py), or what makes it not affected (a release in
+    which nothing on XPU is traced). Refused if the fakes are to be loaded
+    (`dynamic`) or a model traced and this Python has no torch."""
+    unaffected = base.not_affected(found)
+    if unaffected:
+        return f"{unaffected}: nothing on XPU is traced, so no op needs a fake"
+    if model:
+        modelproof.check_name(model)
+    if (dynamic or model) and importlib.util.find_spec("torch") is None:
+        raise Refusal(
+            "audit loads the tree's fakes with torch (--model traces a model "
+            f"with it), and {sys.executable} has none: run `make audit "
+            "VLLM=...` (it uses this repository's .venv, which has torch), or "
+            "`PYTHON=<a Python with torch> bin/xpufakes audit ...`; --static "
+            "scans the call sites without torch"
+        )
+    result = audit(found, dynamic, standins, prefer)
+    if model:
+        result.model = modelproof.run(found.root, model, result.kernels, configurations)
+    return result
+
+
+def audit(
+    found: tree.Tree,
+    dynamic: bool = True,
+    standins: str | None = None,
+    prefer: str = "",
+) -> Result:
+    """The audit of a tree (`prefer`: a model whose forward the chains of
+    untraceable calls should start from, where they can)."""
+    sources = tree.python_sources(found.root)
+    sites, declared = scan.scan(sources)
+    standins = standins or kernels_of(found)
+    standins = kernels.standins(standins, kernels.is_mixed(standins, sources))
+    checked = check_fakes(found.root, standins) if dynamic else {}
+    ipex = kernels.IPEX in standins
+    untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex)
+    return Result(standins, reports(sites, declared, checked), untraceable)
+
+
+def reports(
+    sites: dict[str, list[CallSite]], declared: set[str], checked: dict[str, dict]
+) -> list[OpReport]:
+    """The report of each op: its call sites (scan.scan), the fakes the
+    source declares, verify-xpu's result for each op (check_fakes)."""
+    schemas = _schemas()
+    found = []
+    for op in sorted(sites):
+        schema = schemas.get(op) or (
+            "(a module, not an op) -> Tensor" if op == IPEX_WOQ else None
+        )
+        key = (
+            op
+            if op in checked
+            else next((k for k in checked if k.split(".")[0] == op.split(".")[0]), None)
+        )
+        report = OpReport(op, schema, _returns_tensor(schema) if schema else None)
+        report.sites = sorted(sites[op], key=lambda s: (s.file, s.line))
+        if key is not None:
+            result = checked[key]
+            report.fake = result["fake"]
+            report.conforms = result["ok"]
+            if result["failures"]:
+                case, why = next(iter(result["failures"].items()))
+                total = result["passed"] + result["failed"]
+                report.detail = (
+                    f"{result['failed']} of {total} cases fail, e.g. {case}: {why}"
+                )
+        elif op == IPEX_WOQ:
+            if op in declared:
+                report.fake = "wrapped in the vllm::ipex_woq_linear op"
+                report.conforms = True
+                report.detail = "its fake is tested by tests/test_ipex_woq.py"
+            else:
+                report.detail = (
+                    "its torch_ipex ops are CompositeImplicitAutograd kernels: "
+                    "no fake can be registered; wrap the module in one op"
+                )
+        elif any(d.split(".")[0] == op.split(".")[0] for d in declared):
+            report.fake = "declared in source"
+        found.append(report)
+    return found
+
+
+def table(found: tree.Tree, result: Result) -> str:
+    kernels, reports = result.kernels, result.reports
+    lines = [f"vLLM tree {found.root} ({found.shape}); stand-in kernels: {kernels}", ""]
+    for r in reports:
+        returns = {
+            True: "returns a tensor",
+            False: "returns no tensor",
+            None: "schema unknown",
+        }
+        lines.append(f"{r.op}: {r.verdict}")
+        lines.append(
+            f"  {returns[r.returns_tensor]}; fake: {r.fake}"
+            + (
+                ""
+                if r.conforms is None
+                else f"; conforms: {'yes' if r.conforms else 'no'}"
+            )
+        )
+        if r.detail:
+            lines.append(f"  {r.detail[:200]}")
+        for s in r.sites:
+            via = f" via {s.via}" if s.via else ""
+            lines.append(f"    {s.file}:{s.line} {s.function}{via} [{s.context}]")
+    lines += ["", *untraceable_lines(result.untraceable)]
+    failing = [r.op for r in reports if r.failing]
+    reached = result.reached
+    lines.append("")
+    if failing:
+        lines.append(
+            f"FAIL: {len(failing)} traced op(s) without a conformant fake: "
+            + ", ".join(failing)
+        )
+    if reached:
+        callees = ", ".join(dict.fromkeys(f.callee for f in reached))
+        lines.append(
+            f"FAIL: {len(reached)} call(s) on the traced path that Dynamo cannot "
+            f"trace: {callees}"
+        )
+    if not failing and not reached:
+        lines.append(
+            "OK: every traced tensor-returning op has a conformant fake "
+            f"({len(reports)} ops seen), and no call on the traced path is one "
+            f"Dynamo cannot trace ({len(result.untraceable)} such calls in the "
+            "tree, none reached)"
+        )
+    if result.model is not None:
+        lines += ["", modelproof.table(result.model)]
+    return "\n".join(lines)
+
+
+def untraceable_lines(findings: list[reach.Finding]) -> list[str]:
+    """The calls Dynamo cannot trace that the traced path reaches: each with
+    its configurations, its entry and its chain of calls; then a count of
+    the others."""
+    lines = [
+        "Calls Dynamo cannot trace (a C extension's function, ctypes, an "
+        "IPEX Python API, a torch_ipex op without a fake):"
+    ]
+    reached = [f for f in findings if f.reached]
+    for f in reached:
+        lines.append(f"{f.callee}: FAIL: {f.kind}; {f.site}")
+        lines.append("  reached: " + "; ".join(f.configurations))
+        lines.append(f"  entry: {f.entry}" + (f" ({f.note})" if f.note else ""))
+        for i, step in enumerate(f.chain):
+            arrow = f" -> {f.callee}" if i == len(f.chain) - 1 else ""
+            lines.append(f"    {step}{arrow}")
+    others = len(findings) - len(reached)
+    if not reached:
+        lines.append("  none on the traced path")
+    if others:
+        lines.append(
+            f"  ({others} other such call(s) in the tree are not on the traced "
+            "path: set-up, inside vLLM's own opaque ops, a multimodal encoder, "
+            "another platform's code or code nothing calls; --json lists them)"
+        )
+    return lines
+
+
+def to_json(found: tree.Tree, result: Result) -> str:
+    return json.dumps(
+        {
+            "tree": str(found.root),
+            "shape": found.shape,
+            "kernels": result.kernels,
+            "ops": [
+                asdict(r) | {"verdict": r.verdict, "traced": r.traced}
+                for r in result.reports
+            ],
+            "untraceable": [
+                asdict(f) | {"reached": f.reached} for f in result.untraceable
+            ],
+            **({"model": result.model} if result.model is not None else {}),
+            "ok": not result.failing,
+        },
+        indent=2,
+    )

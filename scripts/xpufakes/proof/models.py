@@ -1,0 +1,59 @@
+"""The models and the configurations of the whole-model proof
+(modeltrace.py, `make audit MODEL=...`): data (data/models.toml), no torch."""
+
+import tomllib
+from dataclasses import dataclass
+
+from xpufakes.common import paths
+
+MODELS = paths.DATA / "models.toml"
+
+# name -> what it is. "default": the compile configuration vLLM makes for a
+# model when nothing is asked (its compile mode with Inductor, which turns
+# every custom op off); "sp": sequence parallelism asked for
+# (compilation_config.pass_config), which makes vLLM turn +rms_norm on.
+CONFIGURATIONS = {
+    "default": "vLLM's default compile configuration",
+    "sp": "sequence parallelism on (vLLM turns +rms_norm on)",
+}
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    what: str
+    module: str
+    cls: str
+    inputs: str  # "embeds" or "ids"
+    positions: str  # "mrope" or "1d"
+    quantization: str
+    config: dict
+
+
+def load() -> dict[str, Model]:
+    data = tomllib.loads(MODELS.read_text())
+    return {
+        name: Model(
+            name,
+            entry["what"],
+            entry["module"],
+            entry["class"],
+            entry["inputs"],
+            entry["positions"],
+            entry["quantization"],
+            entry["config"],
+        )
+        for name, entry in data.items()
+    }
+
+
+def configurations(text: str) -> list[str]:
+    """ "default,sp" -> ["default", "sp"]; ValueError naming an unknown one."""
+    chosen = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in CONFIGURATIONS]
+    if unknown or not chosen:
+        raise ValueError(
+            f"unknown configuration {', '.join(unknown) or repr(text)} "
+            f"(known: {', '.join(CONFIGURATIONS)})"
+        )
+    return chosen

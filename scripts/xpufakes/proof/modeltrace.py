@@ -1,0 +1,520 @@
+"""The whole-model proof: build a model from a vLLM tree's own model module
+at a tiny size (data/models.toml) and trace its forward as vLLM compiles it,
+on the XPU platform's code paths, in one Python with torch:
+
+    python -m xpufakes.proof.modeltrace TREE MODEL OUT.json --standins KERNELS
+        [--configurations default,sp]
+
+What runs as released (or as patched): the tree's model classes, layers,
+quantization methods (chosen by the tree for the XPU platform: online fp8 is
+XPUFp8LinearMethod / XPUFp8MoEMethod in the IPEX era), CustomOp dispatch,
+attention and MoE layers (which call vLLM's opaque ops, as on XPU), its
+weight processing after loading (vLLM's own process_weights_after_loading),
+its ModelConfig and VllmConfig (which resolve the custom ops and passes of
+each configuration), its `@support_torch_compile` decorator (dynamic-shape
+marking, fullgraph as vLLM sets it, the compiled-code dispatch) and vLLM's
+forward context, as a warm-up (dummy) run sets it.
+
+What does not run: vLLM's own backend (VllmBackend splits the graph and runs
+Inductor on each piece, which on a CPU with XPU-only kernels cannot run).
+The compilation config's backend is ours: it takes the graph Dynamo
+captured, runs AOT autograd's functionalization on it with fake tensors
+(every op's fake runs, mutations become explicit) and stops; nothing is
+compiled or run. Dynamo's trace is the same whatever the backend. The engine,
+the scheduler and the workers do not run; the forward is called once, as the
+warm-up calls it, with no attention metadata (a profile run's).
+
+What is stood in (standins.py, loading.py): what only an XPU host has. IPEX
+(its Python APIs call torch_ipex ops registered for the XPU key only; its
+MoE and attention modules are made, never run); the torch_ipex GEMMs with
+CPU reference kernels and no fake (IPEX's XPU build has none: the tree's
+fakes are what is tested); IPEX's weight-quantization op with a CPU kernel
+(it runs while loading, not traced); a build's native modules (vllm._C, as
+pybind11 builtins Dynamo refuses as it refuses the real ones); torchvision
+where it cannot be imported (a multimodal model's module imports an image
+processor at module level; the vision path is not run); the device: tensors
+are on the CPU (DeviceConfig "cpu") while vLLM's current platform is its
+XPUPlatform. The distributed groups are one process on gloo (TP=1).
+
+Writes a JSON list, one entry per configuration (see trace_one).
+"""
+
+import argparse
+import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import types
+from pathlib import Path
+
+from xpufakes.proof import models as model_data
+
+# vLLM's compile cache and AOT compile: off, so that nothing is written to
+# the cache directory or read from it (the trace is made here, every time).
+os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+# Weights made on the CPU while loading, where a tree asks: intel/llm-scaler
+# 0a85564's streaming loader otherwise leaves them on the meta device until a
+# checkpoint's tensors arrive (none do here: the weights are random).
+os.environ["VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"] = "1"
+
+
+class Traced(Exception):
+    """Our backend's stop: the graph is captured and functionalized."""
+
+
+def _setup(tree: Path, standins: str) -> list:
+    """The stand-ins, then vLLM's XPU platform as its current platform.
+    Returns what must stay referenced (the ops' libraries)."""
+    sys.path.insert(0, str(tree))
+    import torch  # noqa: F401
+
+    from xpufakes.proof import loading
+    from xpufakes.proof import standins as made
+
+    made.install_torchvision()
+    made.install_downstream_packages()
+    kept = [made.define_torch_ipex_ops(), made.define_loading_ops()]
+    made.install_ipex()
+    loading.stub_vllm_extensions(tree)
+    if "vllm-xpu-kernels" in standins or _imports_xpu_kernels(tree):
+        loading.stub_xpu_kernel_package()
+        # found by importlib.util.find_spec, as vLLM looks for it
+        # (0.21.0's kernels/xpu_ops.py)
+        package = sys.modules["vllm_xpu_kernels"]
+        if package.__spec__ is None:
+            package.__spec__ = importlib.machinery.ModuleSpec(
+                "vllm_xpu_kernels", None, is_package=True
+            )
+        sys.meta_path.append(_XPUKernelModules())
+    # before anything of vLLM asks for it (a module that imports
+    # current_platform keeps the one it got)
+    import vllm.platforms
+    from vllm.platforms.xpu import XPUPlatform
+
+    if vllm.platforms._current_platform is not None:
+        raise RuntimeError(
+            "vLLM chose its platform before the proof: "
+            f"{vllm.platforms._current_platform}"
+        )
+    vllm.platforms._current_platform = XPUPlatform()
+    kept += loading.define_standins(standins)
+    loading.import_registering_module(None)  # the tree's own fakes, as on XPU
+    _adapt_to_this_torch()
+    return kept
+
+
+def _imports_xpu_kernels(tree: Path) -> bool:
+    """Whether the tree's XPU platform imports vllm_xpu_kernels' native
+    modules at start-up (intel/llm-scaler 0a85564, an IPEX-era tree,
+    imports vllm_xpu_kernels._C and _xpu_C in vllm/platforms/xpu.py)."""
+    platform = tree / "vllm" / "platforms" / "xpu.py"
+    return platform.is_file() and "vllm_xpu_kernels" in platform.read_text()
+
+
+class _XPUKernelModule(types.ModuleType):
+    """A module below vllm_xpu_kernels the tree imports (its native `_C`,
+    `_xpu_C`, `_moe_C`): every name is a function that raises when called
+    (vLLM calls them inside its own opaque ops, or not at all here)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def unavailable(*args, **kwargs):
+            raise RuntimeError(f"{self.__name__}.{name} is a stand-in")
+
+        setattr(self, name, unavailable)
+        return unavailable
+
+
+class _XPUKernelModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Any module below the vllm_xpu_kernels stand-in package that
+    loading.stub_xpu_kernel_package does not make."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith("vllm_xpu_kernels."):
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return _XPUKernelModule(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+def _adapt_to_this_torch() -> None:
+    """vLLM 0.10.2's decorator replaces Dynamo's
+    InliningInstructionTranslator.inline_call (to record the files it
+    traces) with a function of the torch 2.8 signature; torch 2.9+ passes
+    one more argument, allow_nested_graph_breaks, which matters only when
+    torch._dynamo.config.nested_graph_breaks is on (off by default, and a
+    fullgraph trace has no graph breaks to nest). The replacement is given
+    that argument and called without it while it does not matter."""
+    import torch
+    from torch._dynamo.symbolic_convert import InliningInstructionTranslator
+
+    decorators = importlib.import_module("vllm.compilation.decorators")
+    inline_call = inspect.signature(InliningInstructionTranslator.inline_call)
+    if "allow_nested_graph_breaks" not in inline_call.parameters:
+        return
+    if "patched_inline_call(parent, func, args, kwargs)" not in inspect.getsource(
+        decorators
+    ):
+        return
+    from unittest import mock
+
+    class Patch:
+        def object(self, target, name, new, *args, **kwargs):
+            if target is InliningInstructionTranslator and name == "inline_call":
+                old = new
+
+                def new(parent, func, args_, kwargs_, allow_nested_graph_breaks=False):
+                    if torch._dynamo.config.nested_graph_breaks:
+                        raise RuntimeError(
+                            "vLLM's inline_call replacement cannot pass "
+                            "allow_nested_graph_breaks"
+                        )
+                    return old(parent, func, args_, kwargs_)
+
+            return mock.patch.object(target, name, new, *args, **kwargs)
+
+    decorators.patch = Patch()
+
+
+def _backend(captured: list):
+    """Our compile backend: AOT autograd's functionalization of the graph
+    Dynamo captured (fake tensors), its graph kept, then stop."""
+
+    def backend(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def keep(graph, inputs):
+            captured.append((gm, graph))
+            return graph
+
+        aot_module_simplified(gm, example_inputs, fw_compiler=keep)
+        raise Traced(len(gm.graph.nodes))
+
+    return backend
+
+
+TORCH_NAMESPACES = ("aten", "prims", "_c10d_functional", "higher_order")
+
+
+def _ops(graph) -> dict[str, str]:
+    """The ops of a graph that are not torch's own: 'ns::op' -> "" or
+    "writes carried" where functionalization carries its writes
+    (auto_functionalized)."""
+    import torch
+
+    found = {}
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target, note = node.target, ""
+        if target in (
+            torch.ops.higher_order.auto_functionalized,
+            getattr(torch.ops.higher_order, "auto_functionalized_v2", None),
+        ):
+            target, note = node.args[0], "writes carried"
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            qualified = (
+                getattr(target, "_qualified_op_name", None) or target._schema.name
+            )
+            namespace, _, name = qualified.partition("::")
+            if namespace not in TORCH_NAMESPACES:
+                key = f"{namespace}::{name}"
+                found[key] = note or found.get(key, "")
+    return found
+
+
+def _where(error: BaseException, tree: Path) -> list[str]:
+    """The user frames of a Dynamo error, outermost first: 'file:line name'."""
+    stack = getattr(error, "real_stack", None) or []
+    frames = []
+    for frame in stack:
+        path = Path(frame.filename)
+        shown = path.relative_to(tree) if path.is_relative_to(tree) else path
+        frames.append(f"{shown}:{frame.lineno} {frame.name}")
+    return frames
+
+
+def _config_dir(model: model_data.Model, work: Path) -> Path:
+    path = work / model.name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.config, indent=2))
+    return path
+
+
+def _compilation_config(configuration: str):
+    from vllm.config import CompilationConfig
+
+    if configuration == "default":
+        return CompilationConfig()
+    # sp: sequence parallelism (PassConfig.enable_sp, enable_sequence_parallelism
+    # before 0.13)
+    fields = CompilationConfig().pass_config.__dataclass_fields__
+    name = "enable_sp" if "enable_sp" in fields else "enable_sequence_parallelism"
+    return CompilationConfig(pass_config={name: True})
+
+
+def _register(model: model_data.Model) -> None:
+    """The model's class, imported here, registered for its architecture
+    (vLLM's API for a model class it should not import in a subprocess of
+    its own: ModelConfig inspects a lazily registered one in a fresh Python,
+    which has none of the stand-ins)."""
+    from vllm.model_executor.models import ModelRegistry
+
+    cls = getattr(importlib.import_module(model.module), model.cls)
+    for architecture in model.config["architectures"]:
+        ModelRegistry.register_model(architecture, cls)
+
+
+def _vllm_config(model: model_data.Model, directory: Path, configuration: str):
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig
+
+    _register(model)
+    model_config = ModelConfig(
+        model=str(directory),
+        tokenizer=str(directory),
+        skip_tokenizer_init=True,
+        quantization=model.quantization,
+        dtype="bfloat16",
+        max_model_len=4096,
+    )
+    _rope_theta_as_an_attribute(model_config)
+    return VllmConfig(
+        model_config=model_config,
+        device_config=DeviceConfig(device="cpu"),
+        compilation_config=_compilation_config(configuration),
+    )
+
+
+def _rope_theta_as_an_attribute(model_config) -> None:
+    """transformers 5 keeps rope_theta in rope_parameters only; vLLM
+    releases made for transformers 4 read config.rope_theta (and fall back
+    to 10000 without it)."""
+    hf = model_config.hf_config
+    for config in {id(c): c for c in (hf, hf.get_text_config())}.values():
+        parameters = getattr(config, "rope_parameters", None) or {}
+        if "rope_theta" in parameters and not hasattr(config, "rope_theta"):
+            config.rope_theta = parameters["rope_theta"]
+
+
+_DISTRIBUTED = []
+
+
+def _distributed(vllm_config, work: Path) -> None:
+    """One process, TP=1, on gloo: once per process."""
+    if _DISTRIBUTED:
+        return
+    from vllm.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    init_distributed_environment(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        distributed_init_method=f"file://{work / 'distributed'}",
+        backend="gloo",
+    )
+    initialize_model_parallel(1, 1)
+    _DISTRIBUTED.append(True)
+
+
+def _build(model: model_data.Model, vllm_config):
+    """The model as vLLM's loader makes it (its class for the architecture,
+    built under the model's dtype on the device), weights random, then
+    vLLM's own processing after loading (online fp8 quantizes here)."""
+    import torch
+    from vllm.model_executor.model_loader.utils import (
+        process_weights_after_loading,
+    )
+
+    cls = getattr(importlib.import_module(model.module), model.cls)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(vllm_config.model_config.dtype)
+    try:
+        with torch.device("cpu"):
+            built = cls(vllm_config=vllm_config, prefix="")
+    finally:
+        torch.set_default_dtype(default)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in built.parameters():
+            if parameter.is_floating_point():
+                values = torch.randn(parameter.shape, generator=generator) * 0.02
+                parameter.copy_(values.to(parameter.dtype))
+    process_weights_after_loading(built, vllm_config.model_config, torch.device("cpu"))
+    return built
+
+
+def _described(built) -> dict:
+    """Which forward each CustomOp class dispatches to, and which
+    quantization method each layer has: class -> what, with counts."""
+    forwards, methods = {}, {}
+    for module in built.modules():
+        forward = getattr(module, "_forward_method", None)
+        if forward is not None:
+            forwards[type(module).__name__] = getattr(forward, "__name__", "?")
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            name = type(method).__name__
+            methods[name] = methods.get(name, 0) + 1
+    return {"forwards": forwards, "methods": methods}
+
+
+def _inputs(model: model_data.Model, built, tokens: int = 7):
+    import torch
+
+    ids = torch.arange(tokens) % 100
+    if model.positions == "mrope":
+        positions = torch.arange(tokens).expand(3, tokens).contiguous()
+    else:
+        positions = torch.arange(tokens)
+    if model.inputs == "embeds":
+        embed = getattr(built, "embed_input_ids", None) or built.get_input_embeddings
+        return {"input_ids": None, "positions": positions, "inputs_embeds": embed(ids)}
+    return {"input_ids": ids, "positions": positions}
+
+
+def _mode_name(mode) -> str:
+    """CompilationMode's name (0.11+), or CompilationLevel's (0.10: ints)."""
+    if hasattr(mode, "name"):
+        return mode.name
+    import vllm.config
+
+    level = getattr(vllm.config, "CompilationLevel", None)
+    names = [n for n, v in vars(level or object).items() if v == mode and n.isupper()]
+    return f"level {mode}" + (f" ({names[0]})" if names else "")
+
+
+def trace_one(
+    model: model_data.Model, configuration: str, work: Path, tree: Path
+) -> dict:
+    """Build the model under one configuration and trace it. Returns
+    {configuration, mode, custom_ops, forwards, methods, result ("traced",
+    "failed", "not compiled"), graphs, graph_breaks, ops, nodes | error,
+    where, seconds}."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from vllm.config import CompilationConfig, set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    start = time.monotonic()
+    torch._dynamo.reset()
+    counters.clear()
+    captured: list = []
+    vllm_config = _vllm_config(model, _config_dir(model, work), configuration)
+    compilation = vllm_config.compilation_config
+    mode = getattr(compilation, "mode", None)
+    if mode is None:
+        mode = getattr(compilation, "level", None)
+    result = {
+        "configuration": configuration,
+        "mode": _mode_name(mode),
+        "custom_ops": list(compilation.custom_ops),
+    }
+    backend = _backend(captured)
+    CompilationConfig.init_backend = lambda self, *args, **kwargs: backend
+    with set_current_vllm_config(vllm_config):
+        _distributed(vllm_config, work)
+        built = _build(model, vllm_config)
+        result |= _described(built)
+        inputs = _inputs(model, built)
+        try:
+            with set_forward_context(None, vllm_config), torch.inference_mode():
+                built(**inputs)
+            result["result"] = "not compiled"
+        except Exception as e:  # noqa: BLE001 - the result
+            inner = getattr(e, "inner_exception", None)
+            if isinstance(inner, Traced):
+                result |= {"result": "traced", "nodes": inner.args[0]}
+            else:
+                error = inner or e
+                text = str(error).split("\nfrom user code:")[0].strip()
+                lines = text.splitlines() or [""]
+                result |= {
+                    "result": "failed",
+                    "error": f"{type(error).__name__}: {lines[0].strip()}",
+                    "message": " ".join(text.split())[:2000],
+                    "where": _where(error, tree),
+                }
+                if not result["where"]:
+                    result["traceback"] = traceback.format_exc()[-3000:]
+    result["graphs"] = len(captured)
+    result["graph_breaks"] = sum(counters["graph_break"].values())
+    if captured:
+        called, functional = (_ops(graph) for graph in captured[0])
+        result["ops"] = sorted(
+            f"{op} ({note})" if note else op for op, note in functional.items()
+        )
+        dropped = sorted(set(called) - set(functional))
+        if dropped and result["result"] == "traced":
+            # an op that returns nothing and declares no writes is dead
+            # code to the compiler: functionalization drops it, and with it
+            # what the kernel writes
+            result |= {
+                "result": "writes lost",
+                "error": "called in the traced forward, gone from the "
+                "functionalized graph (it returns nothing and declares no "
+                "writes, so the compiler drops it and what it writes is "
+                "lost): " + ", ".join(dropped),
+                "dropped": dropped,
+            }
+    else:
+        result["ops"] = []
+    result["seconds"] = round(time.monotonic() - start, 1)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpufakes.proof.modeltrace")
+    parser.add_argument("tree")
+    parser.add_argument("model")
+    parser.add_argument("out")
+    parser.add_argument("--standins", required=True)
+    parser.add_argument("--configurations", default=",".join(model_data.CONFIGURATIONS))
+    args = parser.parse_args(argv)
+    tree = Path(args.tree).resolve()
+    model = model_data.load()[args.model]
+    chosen = model_data.configurations(args.configurations)
+    start = time.monotonic()
+    kept = _setup(tree, args.standins)
+    imported = time.monotonic() - start
+    results = []
+    with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
+        for configuration in chosen:
+            results.append(trace_one(model, configuration, Path(work), tree))
+    del kept
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "tree": str(tree),
+                "model": model.name,
+                "what": model.what,
+                "standins": args.standins,
+                "setup_seconds": round(imported, 1),
+                "configurations": results,
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -1,0 +1,171 @@
+"""`make verify-xpu`: the opcheck grid of every registered XPU GEMM fake
+against the real kernels on the device, as a pass/fail table.
+
+On an XPU host it imports the installed vLLM (or the tree given), which
+registers the fakes and loads the real kernels, and runs on device "xpu".
+Elsewhere it stops with NOT_HERE (77). With --standins it runs the same logic
+on the CPU against the stand-in kernels of a kernel release instead.
+"""
+
+import json
+import re
+from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from xpufakes.common.errors import NOT_HERE, Refusal
+from xpufakes.common.ops import WRAPPER_OPS
+
+TEST_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@dataclass
+class OpResult:
+    op: str
+    fake: str  # "registered", "none"
+    passed: int = 0
+    failed: int = 0
+    failures: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.fake == "registered" and self.failed == 0 and self.passed > 0
+
+
+def run(
+    vllm: Path | None,
+    standins: str | None,
+    full: bool = True,
+    select: Callable[[], Collection[str]] | None = None,
+) -> list[OpResult]:
+    """The opcheck grid of every registered fake: against the real kernels
+    on the XPU, or (standins) the stand-ins of that kernel release on the
+    CPU. With `select`, only the ops it names (asked once the tree is
+    loaded; an overload counts as its op). A Python without torch cannot
+    run it (NOT_HERE)."""
+    import sys
+
+    try:
+        return _run(vllm, standins, full, select)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "torch":
+            raise
+        raise Refusal(
+            f"{sys.executable} cannot import torch; run verify-xpu with the "
+            "Python that has vLLM and torch (PYTHON=...)",
+            status=NOT_HERE,
+        ) from None
+
+
+def _run(
+    vllm: Path | None,
+    standins: str | None,
+    full: bool,
+    select: Callable[[], Collection[str]] | None,
+) -> list[OpResult]:
+    import torch
+
+    from xpufakes.proof import loading
+
+    libraries = []
+    if standins:
+        device = "cpu"
+        libraries = loading.define_standins(standins)
+        loading.stub_xpu_kernel_package()
+        loading.stub_vllm_extensions(vllm)
+    else:
+        device = "xpu"
+        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            raise Refusal(
+                "no Intel GPU here (torch.xpu.is_available() is False): verify-xpu "
+                "needs an XPU host; use --standins to check its logic on a CPU",
+                status=NOT_HERE,
+            )
+    loading.import_registering_module(vllm)
+    wanted = None if select is None else {op.split(".")[0] for op in select()}
+    results: dict[str, OpResult] = {}
+    for case in loading.reference().opcheck_cases(full=full):
+        qualname = f"{case.namespace}::{case.name}"
+        if not case.available() or (wanted is not None and qualname not in wanted):
+            continue
+        overload = "default" if case.overload == "batched" else case.overload
+        key = qualname if overload == "default" else f"{qualname}.{overload}"
+        if key not in results:
+            fake = loading.fake_of(key)
+            results[key] = OpResult(key, "registered" if fake else "none")
+        result = results[key]
+        try:
+            torch.library.opcheck(case.op(), case.args(device), test_utils=TEST_UTILS)
+            result.passed += 1
+        except Exception as e:  # noqa: BLE001 - every failure is a result
+            result.failed += 1
+            result.failures[case.id] = reason(e)
+    # vLLM's own ops that return a GEMM's output unchanged are checked over
+    # the GEMM's cases (those their schema accepts)
+    for wrapper, gemm in WRAPPER_OPS.items():
+        if wanted is None or wrapper in wanted:
+            _check_wrapper(results, wrapper, gemm, device, full)
+    del libraries
+    return list(results.values())
+
+
+def _check_wrapper(
+    results: dict[str, "OpResult"], wrapper: str, gemm: str, device: str, full: bool
+) -> None:
+    import torch
+
+    from xpufakes.proof import loading
+
+    namespace, name = wrapper.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name, None)
+    if packet is None:
+        return
+    result = results[wrapper] = OpResult(
+        wrapper, "registered" if loading.fake_of(wrapper) else "none"
+    )
+    for case in loading.reference().opcheck_cases(full=full):
+        if f"{case.namespace}::{case.name}" != gemm or case.overload != "default":
+            continue
+        if not case.available() or case.params.get("out_dtype", 0) is None:
+            continue  # the wrapper's out_dtype is not optional
+        try:
+            torch.library.opcheck(
+                packet.default, case.args(device), test_utils=TEST_UTILS
+            )
+            result.passed += 1
+        except Exception as e:  # noqa: BLE001 - every failure is a result
+            result.failed += 1
+            result.failures[case.id] = reason(e)
+
+
+def reason(error: BaseException) -> str:
+    """One line saying why opcheck failed: the sub-test, and the mismatch
+    that made it fail (the cause opcheck wraps), not the wrapper's text."""
+    text = str(error)
+    match = re.search(r"(test_\w+) failed", text)
+    where = f"{match.group(1)}: " if match else ""
+    cause = error.__cause__ or error
+    message = " ".join(str(cause).split())
+    for marker in ("found mismatched tensor metadata: ", "found mismatch in "):
+        if marker in message:
+            message = message.split(marker, 1)[1]
+    return f"{where}{type(cause).__name__}: {message}"[:300]
+
+
+def table(results: list[OpResult]) -> str:
+    width = max([len(r.op) for r in results] + [2])
+    lines = [f"{'op':<{width}}  fake        passed  failed  first failure"]
+    for r in results:
+        first = next(iter(r.failures.items()), ("", ""))
+        detail = f"{first[0]}: {first[1]}" if first[0] else ""
+        counts = f"{r.passed:>6}  {r.failed:>6}"
+        lines.append(f"{r.op:<{width}}  {r.fake:<10}  {counts}  {detail[:140]}")
+    verdict = "PASS" if results and all(r.ok for r in results) else "FAIL"
+    lines.append(
+        f"{verdict}: {sum(r.ok for r in results)} of {len(results)} ops conform"
+    )
+    return "\n".join(lines)
+
+
+def to_json(results: list[OpResult]) -> str:
+    return json.dumps([asdict(r) | {"ok": r.ok} for r in results], indent=2)
