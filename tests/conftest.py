@@ -1,5 +1,7 @@
 """Shared set-up: the tool's package on sys.path, which releases a run covers
-(--all-releases for every pinned one), and a warm torch for forked tests."""
+(--all-releases for every pinned one), a warm torch for forked tests, and how
+the tests share the machine's cores (`make test` runs them with pytest-xdist:
+docs/testing.md)."""
 
 import os
 import shutil
@@ -7,14 +9,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 # The proofs that passed are remembered (proof.ProofCache); each run of the
-# tests starts with none, so that every proof a test expects runs.
-if "VLLM_XPU_FAKES_PROOF_CACHE" not in os.environ:
+# tests starts with none, so that every proof a test expects runs. Each
+# pytest-xdist worker has its own: a proof remembered by a test on the other
+# worker must not turn a proof this test expects into a look-up.
+_OURS = "XPUFAKES_TEST_PROOF_CACHE"  # set when the directory is the tests' own
+if "VLLM_XPU_FAKES_PROOF_CACHE" not in os.environ or os.environ.get(_OURS):
     _PROOFS = tempfile.mkdtemp(prefix="xpufakes-test-proofs-")
     os.environ["VLLM_XPU_FAKES_PROOF_CACHE"] = _PROOFS
+    os.environ[_OURS] = "1"
 
     def pytest_unconfigure(config):
         shutil.rmtree(_PROOFS, ignore_errors=True)
@@ -66,6 +74,54 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize(
             "kernels_release", [v for v in chosen if releases.era(v) == "kernels"]
         )
+
+
+# The slowest modules, slowest first: their tests are handed out first, so
+# that the two workers finish together (measured with --durations on a cold
+# run; docs/testing.md). A module not listed comes after them, in file order.
+SLOWEST_FIRST = (
+    "test_stage.py",
+    "test_tree_test.py",
+    "test_trees.py",
+    "test_ipex_woq.py",
+    "test_fakes_by_release.py",
+    "test_model_trace.py",
+    "test_compile.py",
+    "test_proof_cache.py",
+    "test_audit_verify.py",
+)
+
+
+def _group(item) -> str | None:
+    """The tests that must run on one worker: those of a module that share a
+    module-scoped fixture (a staged checkout, a venv), with the same
+    parameters of it. None: any worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    shared = []
+    for name in item.fixturenames:
+        definitions = info.name2fixturedefs.get(name)
+        if definitions and definitions[-1].scope in ("module", "package", "class"):
+            callspec = getattr(item, "callspec", None)
+            param = callspec.params.get(name, "") if callspec else ""
+            shared.append(f"{name}={param}")
+    if not shared:
+        return None
+    return f"{item.path.name}:{','.join(sorted(shared))}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups: docs/testing.md
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n`, `--dist loadgroup`): the tests that share a
+    module-scoped fixture in one group (xdist_group), and the slowest
+    modules first."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    for item in items:
+        group = _group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _warm_torch() -> None:

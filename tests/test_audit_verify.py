@@ -7,9 +7,9 @@ import json
 import pytest
 
 from support import releases, tool
-from xpufakes import pins
-from xpufakes.audit import IPEX_WOQ
-from xpufakes.errors import NOT_HERE
+from xpufakes.common.errors import NOT_HERE
+from xpufakes.proof.audit import IPEX_WOQ
+from xpufakes.trees import pins
 
 
 def _audit(tree, *args) -> tuple[int, dict]:

@@ -8,7 +8,9 @@ import subprocess
 import pytest
 
 from support import releases, small_tree, tool
-from xpufakes import export, paths, pins, series
+from xpufakes.changes import export, series
+from xpufakes.common import paths
+from xpufakes.trees import pins
 
 GIT_ENV = tool.git_env("packager")
 PACKAGER = "Pat Packager <pat@example.invalid>"
@@ -48,7 +50,7 @@ def _run(command, tree) -> str:
 
 def test_export_has_the_release_own_line_numbers(release, tmp_path):
     """`make export PIN=<release>` is for that release: each patch applies to
-    its pristine files with plain `patch -p1 -F0` (as the README says) with
+    its pristine files with plain `patch -p1 -F0` (as docs/packagers.md says) with
     no offset and no fuzz, and leaves no .orig file; `git apply --check`
     passes; the result is `make apply`'s, byte for byte. (A series serves
     several releases; before issue 16 its hunks had its first release's line

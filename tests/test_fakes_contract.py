@@ -17,7 +17,7 @@ import torch
 import torch._dynamo.testing
 
 from support import grid, standins
-from xpufakes import paths
+from xpufakes.common import paths
 
 pytestmark = pytest.mark.forked
 

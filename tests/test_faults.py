@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from support import releases, small_tree, tool
-from xpufakes import engine, history, paths, pins, series, transaction, unidiff
+from xpufakes.changes import engine, history, series, unidiff
+from xpufakes.common import paths, transaction
+from xpufakes.trees import pins
 
 IPEX, KERNELS = "0.10.2", "0.33.0"
 PAGE = 4096

@@ -14,7 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from support import standins
-from xpufakes import paths
+from xpufakes.common import paths
 
 pytestmark = pytest.mark.forked
 

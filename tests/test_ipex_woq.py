@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from support import releases, standins
-from xpufakes import loading, paths
-from xpufakes.pins import version_tuple
+from xpufakes.common import paths
+from xpufakes.proof import loading
+from xpufakes.trees.pins import version_tuple
 
 TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
 PROBE = Path(__file__).parent / "support" / "woq_probe.py"
@@ -31,13 +32,14 @@ EXPECTED_OPS = {
 }
 
 
-def _probe(tree: Path, method: str, engine: str, tmp_path: Path) -> dict:
-    out = tmp_path / f"{method}-{engine}.json"
+def _probe(tree: Path, cases: list[str], out: Path) -> dict:
+    """{"METHOD:ENGINE": result} of support/woq_probe.py's cases on a tree
+    (one process: the tree is imported once)."""
     done = subprocess.run(
-        [str(TREE_PYTHON), str(PROBE), str(tree), method, engine, str(out)],
+        [str(TREE_PYTHON), str(PROBE), str(tree), str(out), *cases],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
         env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
     )
     assert out.is_file(), done.stderr[-3000:]
@@ -60,19 +62,46 @@ PATHS = [
 ]
 
 
+def _paths_of(release: str) -> list[str]:
+    return [
+        f"{method}:{engine}"
+        for method, engine in PATHS
+        if method != "wna16" or version_tuple(release) >= (0, 13, 0)
+    ]
+
+
+@pytest.fixture(scope="module")
+def woq_probes(tmp_path_factory):
+    """(release, "pristine" or "patched") -> the probe's results of every
+    path of that tree, run once (one process per tree)."""
+    found = {}
+
+    def get(release: str, kind: str) -> dict:
+        if (release, kind) not in found:
+            tree = (releases.pristine if kind == "pristine" else releases.patched)(
+                release
+            )
+            out = tmp_path_factory.mktemp("woq") / f"{release}-{kind}.json"
+            found[release, kind] = _probe(tree, _paths_of(release), out)
+        return found[release, kind]
+
+    return get
+
+
 @needs_tree_python
 @pytest.mark.parametrize("method,engine", PATHS)
 def test_vllm_apply_reaches_the_woq_ops_and_compiles_only_patched(
-    ipex_sample_release, method, engine, tmp_path
+    ipex_sample_release, method, engine, woq_probes
 ):
     ipex_release = ipex_sample_release
     if method == "wna16" and version_tuple(ipex_release) < (0, 13, 0):
         pytest.skip("XPUwNa16LinearKernel arrived in vLLM 0.13.0")
-    unpatched = _probe(releases.pristine(ipex_release), method, engine, tmp_path)
+    case = f"{method}:{engine}"
+    unpatched = woq_probes(ipex_release, "pristine")[case]
     assert unpatched["ops_met"] == EXPECTED_OPS[engine], unpatched
     assert "Cannot access data pointer" in unpatched["compile"], unpatched["compile"]
 
-    patched = _probe(releases.patched(ipex_release), method, engine, tmp_path)
+    patched = woq_probes(ipex_release, "patched")[case]
     assert patched["module"] == "IPEXWoqLinearOp"
     assert patched["ops_met"] == EXPECTED_OPS[engine]
     assert patched["compile"] == "ok", patched["compile"]

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from support import releases, standins
-from xpufakes import loading
+from xpufakes.proof import loading
 
 pytestmark = pytest.mark.forked
 

@@ -1,5 +1,5 @@
 """The tool's import graph: no circle, and each module imports only modules
-of the layers below its own (README, Layout). Every import counts, a
+of the layers below its own (docs/layout.md). Every import counts, a
 function's own (`from . import base` inside a function) too: that is how
 the circle tree -> base -> engine -> tree hid before issue 18."""
 
@@ -12,72 +12,128 @@ from support import tool
 
 PACKAGE = tool.SCRIPTS / "xpufakes"
 
-# Bottom to top. A module imports only modules of an earlier line; a new
-# module must be placed here.
-LAYERS = [
-    # data and plain helpers, nothing of the tool's own
-    "__init__ errors paths ops unidiff progress streams intree",
-    # the pinned releases, the series on disk, changing files atomically
-    "pins series transaction selection isolated history",
-    "record lock fetch recipes children",
-    # a directory that holds vllm/ (what it says it is, its files)
-    "tree",
-    # what a series does to a tree, the kernels it runs on, the static scan
-    "engine kernels scan",
-    # the base release of a tree, the recipes on its live files, the audit
-    "base live loading audit",
-    # verify-xpu, the cuts of the fix (export, upstream, stage's)
-    "verify export authoring upstream treechecks",
-    # the proof; the PR texts and the in-place test's cases
-    "proof prtext testcases",
-    # plan -> prove -> commit -> report; the in-place cut
-    "pipeline inplace",
-    "plans",
-    # the verbs
-    "apply revert status treetest stage bench",
+# The subpackages, bottom to top, each with its modules' layers (bottom to
+# top). A module imports only modules of a lower subpackage, or of its own
+# subpackage on an earlier line; a new module must be placed here.
+# docs/layout.md says what each subpackage is for.
+LAYERS = {
+    # plain helpers, nothing of the tool's own
+    "common": [
+        "errors paths progress streams",
+        "ops",
+        "transaction isolated",
+        "children",
+    ],
+    # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
+    "trees": [
+        "index natives",
+        "pins wheel pysource",
+        "record fetch",
+        "tree compiled",
+    ],
+    # changing a tree: recipes, series, diffs, the recipe path, the lock
+    "changes": [
+        "unidiff selection lock recipes",
+        "series history",
+        "engine kernels export",
+        "base live authoring",
+    ],
+    # the proof and the audit
+    "proof": [
+        "reach standins proofpython models",
+        "scan loading modelproof",
+        "modeltrace",
+        "audit verify",
+        "prove testcases",
+    ],
+    # taking the fix upstream
+    "staging": [
+        "intree treechecks upstream",
+        "prtext",
+        "inplace",
+        "stage",
+    ],
+    # the verbs: plan -> prove -> commit -> report, one module per verb
+    "verbs": [
+        "pipeline",
+        "outcome",
+        "plans",
+        "apply revert status treetest",
+        "treeexport",
+    ],
     # the command line
-    "cli",
-    "__main__",
-]
+    "": ["__init__", "cli", "__main__"],
+}
 
 
-def imports(path: Path) -> set[str]:
-    """The modules of the package that a module imports, anywhere in it."""
+def _order(layers: dict[str, list[str]]) -> dict[str, tuple[int, int]]:
+    """module ("pkg.m", or "m" at the top) -> (its subpackage's rank, its
+    line's rank)."""
+    return {
+        f"{pkg}.{m}" if pkg else m: (rank, line_rank)
+        for rank, (pkg, lines) in enumerate(layers.items())
+        for line_rank, line in enumerate(lines)
+        for m in line.split()
+    }
+
+
+def _name(path: Path, package: Path) -> str:
+    """ "pkg.m" for a module of a subpackage, "m" for one at the top."""
+    return ".".join(path.relative_to(package).with_suffix("").parts)
+
+
+def imports(path: Path, package: Path = PACKAGE) -> set[str]:
+    """The modules of the package ("pkg.m", or "m" at the top) that a module
+    imports, anywhere in it (a function's own imports too)."""
+    own_package = _name(path, package).split(".")[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module.split(".")[0])
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = own_package[: len(own_package) - (node.level - 1)]
+                parts = [*base, *(node.module.split(".") if node.module else [])]
+            elif (node.module or "").split(".")[0] == "xpufakes":
+                parts = node.module.split(".")[1:]
             else:
-                found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-            "xpufakes."
-        ):
-            found.add(node.module.split(".")[1])
+                continue
+            if not parts or (package / parts[0] / "__init__.py").is_file():
+                if len(parts) <= 1:  # from xpufakes[.pkg] import m, n
+                    found.update(".".join([*parts, a.name]) for a in node.names)
+                else:  # from xpufakes.pkg.m import X
+                    found.add(".".join(parts[:2]))
+            else:  # from xpufakes.m import X
+                found.add(parts[0])
         elif isinstance(node, ast.Import):
-            found.update(
-                a.name.split(".")[1]
-                for a in node.names
-                if a.name.startswith("xpufakes.")
-            )
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "xpufakes" and len(parts) > 1:
+                    nested = (package / parts[1] / "__init__.py").is_file()
+                    found.add(".".join(parts[1:3] if nested else parts[1:2]))
     return found
 
 
 def graph() -> dict[str, set[str]]:
-    return {p.stem: imports(p) - {p.stem} for p in sorted(PACKAGE.glob("*.py"))}
+    modules = {
+        _name(p, PACKAGE): p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if not (p.name == "__init__.py" and p.parent != PACKAGE)
+    }
+    return {m: imports(p) - {m} for m, p in modules.items()}
 
 
-def problems(edges: dict[str, set[str]], layers: list[str]) -> list[str]:
-    """Every module not in a layer, every import that does not go down a
-    layer, and every circle."""
-    layer = {m: i for i, line in enumerate(layers) for m in line.split()}
-    found = [f"{m}: in no layer" for m in edges if m not in layer]
+def problems(edges: dict[str, set[str]], layers: dict[str, list[str]]) -> list[str]:
+    """Every module not in a layer, every import that does not go down (to a
+    lower subpackage, or an earlier line of its own), and every circle."""
+    order = _order(layers)
+    found = [f"{m}: in no layer" for m in edges if m not in order]
     for module, targets in sorted(edges.items()):
         for target in sorted(targets):
             if target not in edges:
                 found.append(f"{module} imports {target}, which does not exist")
-            elif module in layer and target in layer and layer[target] >= layer[module]:
-                found.append(f"{module} imports {target}, not below it")
+            elif module in order and target in order:
+                (pkg, line), (tpkg, tline) = order[module], order[target]
+                if tpkg > pkg or (tpkg == pkg and tline >= line):
+                    found.append(f"{module} imports {target}, not below it")
     found += [" -> ".join(c) for c in circles(edges)]
     return found
 
@@ -108,13 +164,24 @@ def test_every_module_imports_only_modules_below_it():
 def test_tree_knows_nothing_of_bases():
     edges = graph()
     below_tree = set()
-    pending = ["tree"]
+    pending = ["trees.tree"]
     while pending:
         for target in edges[pending.pop()]:
             if target not in below_tree:
                 below_tree.add(target)
                 pending.append(target)
-    assert not below_tree & {"base", "engine", "live", "recipes", "kernels"}
+    changes = {"base", "engine", "live", "recipes", "kernels"}
+    assert not below_tree & {f"changes.{m}" for m in changes}
+
+
+def test_the_subpackages_are_the_folders():
+    """Every subpackage of LAYERS is a folder of the package, and every
+    folder with Python in it is a subpackage of LAYERS."""
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders == {pkg for pkg in LAYERS if pkg}
+
+
+_TWO = {"trees": ["tree"], "changes": ["engine", "base"]}
 
 
 @pytest.mark.parametrize(
@@ -122,21 +189,49 @@ def test_tree_knows_nothing_of_bases():
     [
         # the circle of issue 18: tree's detect_base imported base
         (
-            {"tree": {"base"}, "base": {"engine"}, "engine": {"tree"}},
-            "base -> engine -> tree -> base",
+            {
+                "trees.tree": {"changes.base"},
+                "changes.base": {"changes.engine"},
+                "changes.engine": {"trees.tree"},
+            },
+            "changes.base -> changes.engine -> trees.tree -> changes.base",
         ),
-        ({"tree": {"engine"}, "engine": set()}, "tree imports engine, not below it"),
-        ({"tree": set(), "newmodule": {"tree"}}, "newmodule: in no layer"),
+        (
+            {"trees.tree": {"changes.engine"}, "changes.engine": set()},
+            "trees.tree imports changes.engine, not below it",
+        ),
+        (
+            {"changes.engine": {"changes.base"}, "changes.base": set()},
+            "changes.engine imports changes.base, not below it",
+        ),
+        (
+            {"trees.tree": set(), "trees.newmodule": {"trees.tree"}},
+            "trees.newmodule: in no layer",
+        ),
     ],
-    ids=["circle", "upward", "unplaced"],
+    ids=["circle", "upward-package", "upward-line", "unplaced"],
 )
 def test_the_check_finds_what_it_is_for(edges, expected):
-    """Negative controls: a circle, an upward import and a module in no
-    layer are each reported."""
-    assert expected in problems(edges, ["tree", "engine", "base"])
+    """Negative controls: a circle, an import of a higher subpackage, of a
+    later line of its own, and a module in no layer are each reported."""
+    assert expected in problems(edges, _TWO)
 
 
-def test_a_function_level_import_counts(tmp_path):
-    module = tmp_path / "tree.py"
-    module.write_text("def detect_base(found):\n    from . import base\n")
-    assert imports(module) == {"base"}
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def detect_base(found):\n    from . import base\n", {"trees.base"}),
+        ("from ..changes import engine, live\n", {"changes.engine", "changes.live"}),
+        ("from xpufakes.changes.engine import State\n", {"changes.engine"}),
+        ("import xpufakes.changes.engine\n", {"changes.engine"}),
+        ("from xpufakes import cli\n", {"cli"}),
+    ],
+    ids=["function-level", "relative-up", "from-module", "import", "top"],
+)
+def test_every_import_form_counts(tmp_path, source, expected):
+    for pkg in ("trees", "changes"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    module = tmp_path / "trees" / "tree.py"
+    module.write_text(source)
+    assert imports(module, tmp_path) == expected

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from xpufakes import paths
+from xpufakes.common import paths
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]])

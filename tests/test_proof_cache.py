@@ -115,7 +115,7 @@ def test_a_refusal_is_never_remembered(setting, tmp_path):
     shutil.copytree(tool.SCRIPTS.parent / "vllm_overlay", overlay)
     fakes = overlay / "vllm" / "_xpu_gemm_fakes.py"
     text = fakes.read_text()
-    assert '"torch_ipex::fp8_gemm_w8a16.xpu": FakeSpec(' in text
+    assert '    IPEX_GEMM_FAKES,\n    "torch_ipex::fp8_gemm_w8a16.xpu(' in text
     fakes.write_text(text + BROKEN_FAKE)
     for runs in (2, 3):
         result = _check(root, env, VLLM_XPU_FAKES_OVERLAY=str(overlay))

@@ -2,12 +2,14 @@
 Claims / Validation / Details; 0.14.1: Purpose / Test Plan / Test Result),
 and the upstream commit text without the packager's paragraphs."""
 
+import dataclasses
 import re
 
 import pytest
 
 from support import releases
-from xpufakes import prtext, recipes, treechecks
+from xpufakes.changes import recipes
+from xpufakes.staging import prtext, treechecks
 
 EVIDENCE = prtext.Evidence(
     before=prtext.Run("grid <tree>", "0 of 7 ops conform", ["op: Shapes differ"]),
@@ -85,3 +87,40 @@ def test_the_in_place_validation_shows_the_test_cases_before_and_after():
     assert "bmm: 1 case(s) fail, e.g. 3d: x" in before
     assert "Not in this change: _xpu_C::fp8_gemm_out" in validation
     assert "(before this change: 1 of 4 cases pass)" in text  # the claims
+
+
+def test_an_ipex_change_claims_each_commit_and_shows_the_whole_model():
+    """The IPEX-era change: each further commit (0002, 0003) is a claim of
+    its own, and the whole-model proof (validate runs it when the change
+    brings vllm/_xpu_opaque_calls.py) is in the validation and the results.
+    Negative control: without that proof, no line claims a whole model."""
+    descriptions = [prtext.description(r.header) for r in recipes.RECIPES["ipex"]]
+    model = dataclasses.replace(
+        EVIDENCE,
+        model_before=prtext.Run("trace <tree>", "default: fails, X at y.py:1"),
+        model_after=prtext.Run("trace <tree>", "default: traced whole, 1 graph(s)"),
+    )
+    for evidence in (model, EVIDENCE):
+        text = prtext.pull_request(
+            "## Purpose\n\n## Test Plan\n\n## Test Result\n",
+            descriptions,
+            evidence,
+            CHECKS,
+            {},
+            "v0.14.1",
+        )
+        purpose = text[: text.index("## Test Plan")]
+        assert "- [XPU] Run the kernel calls torch.compile cannot trace as custom" in (
+            purpose
+        )
+        assert "- [XPU] Run IPEX's weight-only-quantized linear as one" in purpose
+        assert "- [XPU] Register fake kernels for the IPEX quantized GEMMs." in (
+            purpose
+        )
+        shown = "-> after: default: traced whole, 1 graph(s)" in text
+        assert shown == (evidence is model)
+        assert (prtext.MODEL_WHAT[:40] in text) == (evidence is model)
+        assert ("- whole model (Qwen3-MoE fp8): default: traced" in text) == (
+            evidence is model
+        )
+        assert "-> before: default: fails, X at y.py:1" in text or evidence is EVIDENCE

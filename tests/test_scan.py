@@ -6,7 +6,8 @@ miss (negative control: the sites are there, found by the full scan)."""
 import pytest
 
 from support import releases
-from xpufakes import scan, tree
+from xpufakes.proof import scan
+from xpufakes.trees import tree
 
 
 def _sites(result) -> tuple[list, list]:

@@ -29,7 +29,9 @@ import pytest
 from test_tool import _checkout_like
 
 from support import releases, tool
-from xpufakes import inplace, isolated, paths, recipes, treechecks
+from xpufakes.changes import recipes
+from xpufakes.common import isolated, paths
+from xpufakes.staging import inplace, treechecks
 
 RELEASE = "0.33.0"  # the newest release
 # vLLM's dependencies; XPUFAKES_TREE_PYTHON points at another .venv-tree

@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from support import releases, tool
-from xpufakes import pins, series
+from xpufakes.changes import series
+from xpufakes.trees import pins
 
 
 def _mtimes(root) -> dict[str, int]:

@@ -50,11 +50,11 @@ def test_path_that_is_not_a_vllm_tree(tmp_path):
 
 
 def test_unsupported_release(tree):
+    """A plain version inside the pinned range that is no pinned release
+    (releases outside the range: tests/test_unaffected_and_newer.py)."""
     before = releases.file_hashes(tree)
-    result = tool.run("apply", str(tree), env={"VLLM_VERSION": "0.15.1"})
-    _refused(result, "0.15.1 is not a supported release", "0.10.2", "0.33.0")
-    result = tool.run("apply", str(tree), env={"VLLM_VERSION": "0.10.1"})
-    _refused(result, "needs no patch", "forces compilation off")
+    result = tool.run("apply", str(tree), env={"VLLM_VERSION": "0.14.2"})
+    _refused(result, "0.14.2 is not a supported release", "0.10.2", "0.33.0")
     assert releases.file_hashes(tree) == before
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from xpufakes import paths
+from xpufakes.common import ops, paths
 
 QUANT = "tests/kernels/quantization"
 FILES = (
@@ -31,13 +31,12 @@ FILES = (
 UNSAFE_COMMIT = "b878c97"
 
 # Prints which _xpu_C / torch_ipex ops and fakes exist in this process.
-LEFTOVERS = textwrap.dedent(
+LEFTOVERS = f"XPU_C_GEMMS = {list(ops.XPU_C_GEMMS)!r}\n" + textwrap.dedent(
     """
     import json, torch
     from torch._library import simple_registry
     NAMES = {
-        "_xpu_C": ["fp8_gemm", "fp8_gemm_out", "fp8_bmm", "fp8_gemm_w8a16",
-                   "fp4_gemm", "int4_gemm_w4a16", "int4_gemm_w4a8"],
+        "_xpu_C": XPU_C_GEMMS,
         "torch_ipex": ["fp8_gemm_w8a16", "mm_int4", "mm_common"],
     }
 

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from support import releases, small_tree, tool
-from xpufakes import base, ops, tree
+from xpufakes.changes import base
+from xpufakes.common import ops
+from xpufakes.trees import tree
 
 IPEX_RELEASE, KERNELS_RELEASE = "0.14.1", "0.33.0"
 QUANT = "vllm/model_executor/layers/quantization"
@@ -383,7 +385,8 @@ def test_report_image_with_native_imports(tmp_path):
 # module for names like vllm._C (the negative control).
 TODAYS_STUB = """
 import importlib.abc, importlib.machinery, re, sys, types
-from xpufakes import cli, loading
+from xpufakes import cli
+from xpufakes.proof import loading
 
 class Stubs(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
@@ -394,7 +397,7 @@ class Stubs(importlib.abc.MetaPathFinder):
     def exec_module(self, module):
         pass
 
-loading.stub_vllm_extensions = lambda: sys.meta_path.append(Stubs())
+loading.stub_vllm_extensions = lambda *a: sys.meta_path.append(Stubs())
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -632,11 +635,13 @@ def test_patches_revert_on_a_tree_applied_by_recipe(tmp_path):
         root,
         ("revert", str(root), "--patches", "0002"),
         "0001-xpu-register-fakes-for-ipex-gemms.patch, "
-        "0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch applied by recipe",
-        "to keep 0001-xpu-register-fakes-for-ipex-gemms.patch, run `make revert`, "
-        "then `make apply PATCHES='0001'`; nothing changed",
+        "0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch, "
+        "0003-xpu-run-untraceable-kernel-calls-as-custom-ops.patch applied by recipe",
+        "to keep 0001-xpu-register-fakes-for-ipex-gemms.patch, "
+        "0003-xpu-run-untraceable-kernel-calls-as-custom-ops.patch, run `make "
+        "revert`, then `make apply PATCHES='0001 0003'`; nothing changed",
     )
-    result = tool.run("revert", str(root), "--patches", "0001,0002")
+    result = tool.run("revert", str(root), "--patches", "0001,0002,0003")
     assert result.returncode == 0, result.stderr
     assert _hashes(root) == before
 
@@ -705,7 +710,11 @@ def test_patches_selects_part_of_the_series(tmp_path):
     assert not (root / "vllm" / "_ipex_woq_linear.py").exists()
 
     assert tool.run("apply", str(root), "--patches", "0002").returncode == 0
+    status = tool.run("status", str(root)).stdout
+    assert "0003-xpu-run-untraceable-kernel-calls-as-custom-ops.patch: not " in status
+    assert tool.run("apply", str(root), "--patches", "0003").returncode == 0
     assert "state: patched" in tool.run("status", str(root)).stdout
+    assert tool.run("revert", str(root), "--patches", "0003").returncode == 0
     _refused_unchanged(root, ("revert", str(root), "--patches", "0001"), "needs 0001")
     assert tool.run("revert", str(root), "--patches", "0002").returncode == 0
     assert tool.run("revert", str(root)).returncode == 0
@@ -736,7 +745,7 @@ def test_apply_without_vllm_patches_the_vllm_python_imports(tmp_path):
         ("0.21.0", "0.21.1.dev0+gb18beee.d20260101", "0.21.0", "nearest pinned"),
         ("0.22.0", "0.22.0+xpu", "0.22.0", "its release"),
         ("0.16.0", "0.15.0.dev7", "0.16.0", "nearest pinned kernels-era release"),
-        ("0.33.0", "0.34.0", "0.33.0", "unreleased (newer than every pinned"),
+        ("0.33.0", "0.34.0", "0.33.0", "newer than the newest pinned release"),
     ],
 )
 def test_detect_base(files, version, expected, why, monkeypatch):
@@ -750,8 +759,8 @@ def test_detect_base(files, version, expected, why, monkeypatch):
 
 
 def test_detect_base_refuses_a_release_we_do_not_pin(monkeypatch):
-    monkeypatch.setenv("VLLM_VERSION", "0.15.1")
-    with pytest.raises(Exception, match="0.15.1 is not a supported release"):
+    monkeypatch.setenv("VLLM_VERSION", "0.14.2")
+    with pytest.raises(Exception, match="0.14.2 is not a supported release"):
         base.detect_base(tree.locate(str(releases.pristine("0.16.0"))))
 
 
@@ -760,7 +769,7 @@ def test_ipex_recipe_finds_an_import_moved_into_a_block():
     are registered right after it, inside the block, and nowhere else."""
     import ast
 
-    from xpufakes import recipes
+    from xpufakes.changes import recipes
 
     text = (releases.pristine(IPEX_RELEASE) / "vllm" / "_ipex_ops.py").read_text()
     guard = (
@@ -824,7 +833,8 @@ def test_recipe_apply_that_cannot_be_undone_says_how_to_finish(
     added overlay file and os.replace on putting vllm/_xpu_ops.py back: exit
     4, and the last line says what is true on the recipe path (the rollback
     removed the state file, so not `make revert`) and where the original is."""
-    from xpufakes import cli, transaction
+    from xpufakes import cli
+    from xpufakes.common import transaction
 
     root = releases.copy_of(KERNELS_RELEASE, tmp_path / "tree")
     target = root / "vllm" / "_xpu_ops.py"

@@ -1,5 +1,5 @@
 """The cuts of the canonical overlay: the full upstream cut
-(scripts/xpufakes/upstream.py), what each transformation keeps and drops,
+(scripts/xpufakes/staging/upstream.py), what each transformation keeps and drops,
 for the 0.33.0 tree and for trees that pin differently (the negative
 controls: an older kernels pin keeps the gate's check, an unpinned tree
 keeps the gating, an old torch keeps the shims, the IPEX era keeps the IPEX
@@ -15,8 +15,10 @@ import textwrap
 import pytest
 
 from support import releases
-from xpufakes import inplace, paths, recipes, upstream
-from xpufakes.series import overlay_source
+from xpufakes.changes import recipes
+from xpufakes.changes.series import overlay_source
+from xpufakes.common import paths
+from xpufakes.staging import inplace, upstream
 
 FAKES = recipes.FAKES_MODULE
 REFERENCE = recipes.TREE_TEST_REFERENCE

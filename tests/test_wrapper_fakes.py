@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from support import releases, standins
-from xpufakes.pins import version_tuple
+from xpufakes.trees.pins import version_tuple
 
 pytestmark = pytest.mark.forked
 

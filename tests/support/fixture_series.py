@@ -7,7 +7,8 @@ import hashlib
 import textwrap
 from pathlib import Path
 
-from xpufakes import pins, unidiff
+from xpufakes.changes import unidiff
+from xpufakes.trees import pins
 
 from . import releases
 

@@ -6,11 +6,15 @@ import os
 import shutil
 from pathlib import Path
 
-from xpufakes import engine, fetch, paths, pins, series, transaction, tree
+from xpufakes.changes import engine, series
+from xpufakes.common import paths, transaction
+from xpufakes.trees import fetch, pins, tree
 
 # `make test` covers every series (context variant) by its first release,
-# plus the last release of each era; the tool's own checks use one or two
-# releases of each era. `make test-all` tests every release everywhere.
+# plus 0.14.1 (the IPEX era's last sdist, the release make e2e runs; the
+# wheel-only 0.15.x come after it) and 0.33.0, the newest; the tool's own
+# checks use one or two releases of each era. `make test-all` tests every
+# release everywhere.
 
 ERA_EXAMPLES = ("0.10.2", "0.14.1", "0.16.0", "0.27.1", "0.33.0")
 
@@ -39,8 +43,26 @@ def era(version: str) -> str:
 
 
 def pristine(version: str) -> Path:
-    """The unpacked official sdist (do not modify it)."""
+    """The unpacked official sdist, or a wheel-only release as it installs
+    (do not modify it)."""
     return fetch.fetch(pins.load().get(version))
+
+
+# Releases the tool pins no series for, whose sdists (sha256 from the
+# package index) the tests fetch and verify the same way, to show what the
+# tool does with them: 0.10.1.1 forces torch.compile off on XPU, 0.9.1 runs
+# XPU on vLLM's V0 engine (both not affected), 0.9.2 compiles on XPU (V1) and
+# is older than every pin (refused). See scripts/xpufakes/trees/compiled.py.
+UNPINNED = {
+    "0.10.1.1": "3099824ee4bdaa14c4c4f7178a092101a0ec206d4c9371edf295849b2b730a39",
+    "0.9.2": "6b0d855ea8ba18d76364c9b82ea94bfcaa9c9e724055438b5733e4716ed104e1",
+    "0.9.1": "c5ad11603f49a1fad05c88debabb8b839780403ce1b51751ec4da4e8a838082c",
+}
+
+
+def unpinned(version: str) -> Path:
+    """The unpacked, verified sdist of a release in UNPINNED (do not modify)."""
+    return fetch.fetch(pins.Pin(version, UNPINNED[version], series="", kernels=""))
 
 
 def copy_of(version: str, destination: Path) -> Path:
@@ -78,11 +100,14 @@ def patched(version: str) -> Path:
     target = paths.cache_dir() / "test-trees" / f"{version}-{_series_digest(version)}"
     if target.is_dir():
         return target
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    copy_of(version, staging)
-    apply(staging)
-    os.replace(staging, target)
+    with paths.cache_lock(f"test-tree-{target.name}"):  # one test worker makes it
+        if target.is_dir():
+            return target
+        staging = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        copy_of(version, staging)
+        apply(staging)
+        os.replace(staging, target)
     return target
 
 

@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 from support import releases
-from xpufakes import pins, series
+from xpufakes.changes import series
+from xpufakes.trees import pins
 
 STRAY = re.compile(r"^\..*\.xpufakes-\d+(\.(new|orig))?$")
 

@@ -4,7 +4,8 @@ tool's own loading code, keyed by vLLM release)."""
 import sys
 from pathlib import Path
 
-from xpufakes import loading, pins
+from xpufakes.proof import loading
+from xpufakes.trees import pins
 
 reference = loading.reference
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xpufakes import paths
+from xpufakes.common import paths
 
 SCRIPTS = Path(paths.REPO) / "scripts"
 

@@ -1,26 +1,26 @@
-"""Run one IPEX-era vLLM release's own AWQ / GPTQ linear method, with IPEX
-replaced by the CPU reference kernels, and report which torch_ipex ops its
-apply() reaches and whether torch.compile can compile it.
+"""Run one IPEX-era vLLM release's own AWQ / GPTQ linear methods, with IPEX
+replaced by the CPU reference kernels, and report for each which torch_ipex
+ops its apply() reaches and whether torch.compile can compile it.
 
 Run in a separate process with a Python that has vLLM's dependencies
 (.venv-tree):
 
-    python woq_probe.py TREE METHOD ENGINE OUT.json
+    python woq_probe.py TREE OUT.json METHOD:ENGINE [METHOD:ENGINE ...]
 
 METHOD is gptq, gptq-act-order, awq (IPEXGPTQLinearMethod /
 IPEXAWQLinearMethod) or wna16 (XPUwNa16LinearKernel, 0.13.0+); ENGINE onednn
-or xetla. vLLM's files
-come from TREE; only intel_extension_for_pytorch, which cannot exist on a CPU,
-is a stand-in (its WOQ module is the reference one, whose forward dispatches
-to the torch_ipex ops as IPEX's XPU forward does).
+or xetla. The cases run one after another in this process (the tree is
+imported once; Dynamo is reset before each compile); OUT.json maps each
+"METHOD:ENGINE" to its result. vLLM's files come from TREE; only
+intel_extension_for_pytorch, which cannot exist on a CPU, is a stand-in (its
+WOQ module is the reference one, whose forward dispatches to the torch_ipex
+ops as IPEX's XPU forward does).
 """
 
-import enum
 import importlib.util
 import inspect
 import json
 import sys
-import types
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ REFERENCE = (
     / "quantization"
     / "xpu_gemm_reference.py"
 )
+STANDINS = HERE.parents[1] / "scripts" / "xpufakes" / "proof" / "standins.py"
 K, N, GROUP = 256, 128, 64
 
 
@@ -45,41 +46,33 @@ def load_reference():
     return module
 
 
-def stub_ipex(reference, engine: str) -> None:
-    """The parts of intel_extension_for_pytorch vLLM's IPEX methods use."""
-    ipex = types.ModuleType("intel_extension_for_pytorch")
-    ipex.__version__ = "2.8.10+xpu"
-    quantization = types.ModuleType("intel_extension_for_pytorch.quantization")
-    quantization.WoqLowpMode = enum.Enum("WoqLowpMode", "NONE FP16 BF16 INT8")
-    quantization.WoqWeightDtype = enum.Enum("WoqWeightDtype", "INT8 INT4 NF4")
-    quantization.WoqActQuantMode = enum.Enum(
-        "WoqActQuantMode", "PER_TENSOR PER_IC_BLOCK PER_BATCH PER_BATCH_IC_BLOCK"
-    )
-    quantization.WoqWeightQScheme = enum.Enum(
-        "WoqWeightQScheme", "UNDEFINED ASYMMETRIC SYMMETRIC"
-    )
-    quantization.get_weight_only_quant_qconfig_mapping = lambda **kw: (
-        types.SimpleNamespace(**kw)
-    )
-    woq_linear = types.ModuleType(
-        "intel_extension_for_pytorch.llm.quantization.woq_linear"
-    )
+ENGINE = {"engine": "onednn"}  # the layout of the case being run
 
-    class IPEXWeightOnlyQuantizedLinear:
-        @staticmethod
-        def from_weight(*args, **kwargs):
-            return reference.ReferenceWOQLinear.from_weight(
-                *args, engine=engine, **kwargs
-            )
 
-    woq_linear.IPEXWeightOnlyQuantizedLinear = IPEXWeightOnlyQuantizedLinear
-    llm = types.ModuleType("intel_extension_for_pytorch.llm")
-    llm_quantization = types.ModuleType("intel_extension_for_pytorch.llm.quantization")
-    llm_quantization.woq_linear = woq_linear
-    llm.quantization = llm_quantization
-    ipex.quantization, ipex.llm = quantization, llm
-    for module in (ipex, quantization, llm, llm_quantization, woq_linear):
-        sys.modules[module.__name__] = module
+def load_standins():
+    """The tool's stand-ins (scripts/xpufakes/proof/standins.py, torch only), by
+    path: make e2e's plugin loads this file from the checkout too."""
+    name = "xpufakes_standins"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, STANDINS)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def stub_ipex(reference, engine: str = "onednn") -> None:
+    """intel_extension_for_pytorch as the tool stands it in, its WOQ linear
+    module the reference one, in the layout of ENGINE (`engine` until a case
+    sets another; make e2e's plugin calls this too)."""
+    ENGINE["engine"] = engine
+
+    def from_weight(*args, **kwargs):
+        return reference.ReferenceWOQLinear.from_weight(
+            *args, engine=ENGINE["engine"], **kwargs
+        )
+
+    load_standins().install_ipex(woq_from_weight=from_weight)
 
 
 def make_layer(method: str, pack_rows) -> torch.nn.Module:
@@ -121,16 +114,27 @@ def wna16(layer: torch.nn.Module, pack_rows):
     return kernel.apply_weights
 
 
-def main(tree: str, method: str, engine: str, out: str) -> None:
+def main(tree: str, out: str, *cases: str) -> None:
     sys.path.insert(0, tree)
     reference = load_reference()
     library = reference.define_torch_ipex_woq_kernels()  # noqa: F841
-    stub_ipex(reference, engine)
+    stub_ipex(reference)
+    results = {}
+    for case in cases:
+        method, engine = case.split(":")
+        ENGINE["engine"] = engine
+        try:
+            results[case] = one_case(method, reference)
+        except Exception as e:  # noqa: BLE001 - reported, the next case runs
+            results[case] = {"error": f"{type(e).__name__}: {e}"}
+    Path(out).write_text(json.dumps(results))
+
+
+def one_case(method: str, reference) -> dict:
     if method == "wna16":
         layer = torch.nn.Module()
         layer.bias, layer.skip_bias_add = None, False
-        run(wna16(layer, reference.pack_int4_rows), layer, reference, out)
-        return
+        return run(wna16(layer, reference.pack_int4_rows), layer, reference)
     ipex_quant = importlib.import_module(
         "vllm.model_executor.layers.quantization.ipex_quant"
     )
@@ -151,10 +155,10 @@ def main(tree: str, method: str, engine: str, out: str) -> None:
     linear = cls(config)
     layer = make_layer(method, reference.pack_int4_rows)
     linear.process_weights_after_loading(layer)
-    run(linear.apply, layer, reference, out)
+    return run(linear.apply, layer, reference)
 
 
-def run(apply, layer: torch.nn.Module, reference, out: str) -> None:
+def run(apply, layer: torch.nn.Module, reference) -> dict:
     """apply() eagerly (which torch_ipex ops it reaches), then compiled."""
     x = torch.randn(2, 8, K, dtype=torch.float16)
     reference.WOQ_CALLS.clear()
@@ -172,8 +176,8 @@ def run(apply, layer: torch.nn.Module, reference, out: str) -> None:
         result["compile"] = "ok"
     except Exception as e:  # noqa: BLE001 - reported
         result["compile"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
-    Path(out).write_text(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:])

@@ -1,0 +1,179 @@
+"""The real intel/llm-scaler trees, rebuilt from the public patch
+(vllm/patches/vllm_for_multi_arc.patch at each commit) on the vLLM sdist it
+was made for, with `git apply --reject --include='vllm/*'` (the rejected
+hunks are CI files, setup.py, docker/ and CUDA lines of envs.py). Runs only
+when XPUFAKES_LLM_SCALER names a clone (its git directory) of
+intel/llm-scaler; CI has none, and the synthetic trees of
+tests/support/downstream.py stand in for them there.
+
+Per tree: `make audit` unpatched (which calls Dynamo cannot trace it
+reaches), `make apply`, the audit after (none reached, exit 0); on b6 and b5
+the compiled MRoPE trace of the report's model (support/mrope_trace.py):
+b6 fails with the report's error before, traces after; b5 traces as it is."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import releases, tool
+from xpufakes.changes import kernels as xkernels
+from xpufakes.common import paths
+from xpufakes.proof import audit
+from xpufakes.trees import tree as xtree
+
+GIT_DIR = os.environ.get("XPUFAKES_LLM_SCALER", "")
+TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
+PATCH = "vllm/patches/vllm_for_multi_arc.patch"
+
+pytestmark = pytest.mark.skipif(
+    not GIT_DIR or not Path(GIT_DIR).is_dir(),
+    reason="set XPUFAKES_LLM_SCALER to an intel/llm-scaler git directory",
+)
+
+# commit -> (the vLLM release its patch is made for, what it is)
+TREES = {
+    "b5571c3": ("0.10.2", "b6: the report's image, 0.10.3.dev0+g01efc7ef7"),
+    "c1377ce": ("0.10.2", "b5"),
+    "0560e61": ("0.11.1", "0.11.1"),
+    "0a85564": ("0.14.0", "0.14.0"),
+    "b18beee": ("0.21.0", "0.21.0"),
+}
+
+
+def rebuild(commit: str, root: Path) -> Path:
+    version = TREES[commit][0]
+    releases.copy_of(version, root)
+    patch = subprocess.run(
+        ["git", "--git-dir", GIT_DIR, "show", f"{commit}:{PATCH}"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(
+        ["git", "apply", "--reject", "--include=vllm/*", "-"],
+        cwd=root,
+        input=patch,
+        capture_output=True,
+    )
+    rejected = sorted(str(p.relative_to(root)) for p in root.rglob("*.rej"))
+    assert rejected in ([], ["vllm/envs.py.rej"]), rejected
+    subprocess.run(["rm", "-rf", str(root / ".git")], check=True)
+    return root
+
+
+def reached(tree: Path) -> tuple[int, list[str]]:
+    result = tool.run("audit", str(tree), "--json", "--static")
+    report = json.loads(result.stdout)
+    found = [
+        f"{f['callee']} [{'; '.join(f['configurations'])[:60]}]"
+        for f in report["untraceable"]
+        if f["reached"]
+    ]
+    return result.returncode, found
+
+
+def trace(tree: Path, tmp_path: Path) -> str:
+    out = tmp_path / "rope.json"
+    subprocess.run(
+        [str(TREE_PYTHON), str(paths.REPO / "tests/support/mrope_trace.py")]
+        + [str(tree), str(out)],
+        capture_output=True,
+        timeout=900,
+    )
+    return json.loads(out.read_text())["result"]
+
+
+@pytest.mark.parametrize("commit", list(TREES))
+def test_llm_scaler_tree(commit, tmp_path, record_property):
+    tree = rebuild(commit, tmp_path / commit)
+    status, before = reached(tree)
+    record_property("unpatched", before)
+    if commit in ("b5571c3", "c1377ce"):
+        rope = trace(tree, tmp_path)
+        record_property("rope unpatched", rope[:80])
+        if commit == "b5571c3":
+            assert rope.startswith("Unsupported: Attempted to call function marked")
+            assert any(
+                f.startswith("vllm._C.ops.rotary_embedding [default") for f in before
+            )
+        else:
+            assert rope == "traced"
+    applied = tool.run("apply", str(tree))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    _, after = reached(tree)  # --static: the fakes' own verdicts need torch
+    assert after == [], after
+    if commit == "b5571c3":
+        assert trace(tree, tmp_path) == "traced"
+        audit = tool.run("audit", str(tree))  # fakes loaded: the whole verdict
+        assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
+
+
+# The whole-model proof (scripts/xpufakes/modeltrace.py, as in
+# tests/test_model_trace.py): Qwen3-VL-MoE's text model, tiny, online fp8,
+# traced through the tree's own @support_torch_compile on the XPU paths,
+# under vLLM's default configuration and with sequence parallelism.
+
+NO_FAKE = "Unsupported: Operator does not support running with fake tensors"
+PYBIND11 = "Dynamo does not know how to trace the builtin `vllm._C.ops.PyCapsule.{}.`"
+
+
+def model_trace(tree: Path, tmp_path: Path) -> dict[str, dict]:
+    out = tmp_path / f"{tree.name}.json"
+    found = xtree.locate(str(tree))
+    kernels = audit.kernels_of(found)  # as audit --model picks them
+    kernels = xkernels.standins(
+        kernels, xkernels.is_mixed(kernels, xtree.python_sources(found.root))
+    )
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-m", "xpufakes.proof.modeltrace", str(tree), "qwen3_vl_moe"]
+        + [str(out), "--standins", kernels, "--configurations", "default,sp"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+    )
+    assert out.is_file(), done.stderr[-3000:]
+    configurations = json.loads(out.read_text())["configurations"]
+    return {c["configuration"]: c for c in configurations}
+
+
+def shown(results: dict[str, dict]) -> str:
+    return "; ".join(
+        f"{name}: {r['result']} {r.get('error', '')[:60]} "
+        f"{(r.get('where') or [''])[-1]}".strip()
+        for name, r in results.items()
+    )
+
+
+@pytest.mark.parametrize("commit", list(TREES))
+def test_llm_scaler_tree_whole_model(commit, tmp_path, record_property):
+    if releases.era(TREES[commit][0]) != "ipex":
+        pytest.skip(
+            "not built: 0.21.0 makes online fp8's weights on the meta device "
+            "until a checkpoint's tensors load, and quantizes them with "
+            "vllm-xpu-kernels' _C ops; modeltrace fills random weights"
+        )
+    stages = {"unpatched": None, "GEMM fakes only": "0001 0002", "full fix": ""}
+    found = {}
+    for stage, patches in stages.items():
+        tree = rebuild(commit, tmp_path / stage.replace(" ", "-"))
+        if patches is not None:
+            args = ["--patches", patches, "--no-proof"] if patches else []
+            applied = tool.run("apply", str(tree), *args)
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+        found[stage] = model_trace(tree, tmp_path)
+        record_property(stage, shown(found[stage]))
+    for result in found["full fix"].values():
+        assert result["result"] == "traced", result
+        assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
+    for result in found["unpatched"].values():
+        assert result["result"] == "failed", result
+    if commit == "b5571c3":  # the report's tree: the issue's three stages
+        default = found["unpatched"]["default"]
+        assert default["error"] == NO_FAKE, default
+        assert "torch_ipex.fp8_gemm_w8a16" in default["message"], default
+        default = found["GEMM fakes only"]["default"]
+        assert PYBIND11.format("rotary_embedding") in default["message"], default

@@ -1,0 +1,261 @@
+"""The whole-model proof (scripts/xpufakes/modeltrace.py): the report's model,
+the text model of Qwen3-VL-MoE at a tiny size (2 layers, 4 experts,
+interleaved MRoPE, online fp8: data/models.toml), built from the tree's own
+model module on the XPU platform's paths (XPUFp8LinearMethod,
+XPUFp8MoEMethod, vLLM's CustomOp dispatch, attention and MoE in vLLM's
+opaque ops) and traced through vLLM's own @support_torch_compile
+(fullgraph) with a backend that functionalizes the graph and stops.
+
+On a b6-like tree (support/downstream.py: 0.14.1 edited as intel/llm-scaler
+b5571c3 edits 0.10.2; the real trees are tests/test_llm_scaler_trees.py),
+each stage gives the issue's result, under vLLM's default compile
+configuration and with sequence parallelism (which turns +rms_norm on):
+
+  unpatched           fails with the report's error (fp8_gemm_w8a16 has no
+                      fake); with sp, at the pybind11 vllm._C.ops.rms_norm
+                      (the first layer norm runs before the first GEMM)
+  GEMM fakes only     fails at the pybind11 vllm._C.ops.rotary_embedding
+                      (MRoPE's forward_native -> forward_xpu)
+  full fix            traces whole: one graph, 0 graph breaks, the image's
+                      kernels as custom ops whose writes functionalization
+                      carries
+  full fix, a wrong   'writes lost': the wrapper of rotary_embedding that
+  wrapper             declares no mutation is dropped from the graph
+
+The unpatched and GEMM-only stages are the negative controls of the full
+fix; the wrong wrapper is the control of 'writes lost'. The full fix and
+the wrong wrapper run through `make audit MODEL=qwen3_vl_moe` (its exit
+status: 0, then 1 with the rest of the audit clean). One model process per
+tree (registrations are process-global), both configurations in it.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from support import downstream, releases, tool
+from xpufakes.common import paths
+from xpufakes.proof import audit, modelproof
+from xpufakes.trees import tree
+
+TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
+
+pytestmark = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
+
+MODEL = "qwen3_vl_moe"
+
+
+def trace(root, tmp_path, model: str = MODEL) -> dict[str, dict]:
+    """configuration -> modeltrace's result for it. (Nothing is written to
+    the tree: the cached trees of the releases are shared.)"""
+    out = tmp_path / "model.json"
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    done = subprocess.run(
+        [
+            str(TREE_PYTHON),
+            "-m",
+            "xpufakes.proof.modeltrace",
+            str(root),
+            model,
+            str(out),
+        ]
+        + ["--standins", kernels, "--configurations", "default,sp"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS), PYTHONDONTWRITEBYTECODE="1"),
+    )
+    assert done.returncode == 0 and out.is_file(), done.stderr[-3000:]
+    found = json.loads(out.read_text())
+    assert found["model"] == model
+    return {c["configuration"]: c for c in found["configurations"]}
+
+
+def audited(root) -> tuple[int, dict]:
+    """`make audit VLLM=root MODEL=qwen3_vl_moe ARGS=--json`: its exit
+    status and report."""
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-m", "xpufakes", "audit", str(root)]
+        + ["--model", MODEL, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+    )
+    assert done.stdout.strip(), done.stderr[-3000:]
+    report = json.loads(done.stdout[done.stdout.index("{\n") :])
+    assert report["model"]["model"] == MODEL
+    return done.returncode, report
+
+
+def on_the_xpu_paths(result: dict) -> None:
+    """What vLLM chose for the XPU platform: its fp8 methods, the MRoPE's
+    forward_native (custom ops off with Inductor), RMSNorm's forward_xpu
+    where sequence parallelism turns +rms_norm on."""
+    assert result["methods"]["XPUFp8LinearMethod"] > 0, result["methods"]
+    assert result["methods"]["XPUFp8MoEMethod"] == 2, result["methods"]
+    assert result["forwards"]["MRotaryEmbedding"] == "forward_native"
+    sp = result["configuration"] == "sp"
+    assert ("+rms_norm" in result["custom_ops"]) == sp, result["custom_ops"]
+    assert result["forwards"]["RMSNorm"] == ("forward_xpu" if sp else "forward_native")
+
+
+NO_FAKE = "Unsupported: Operator does not support running with fake tensors"
+PYBIND11 = (
+    "Attempted to call function marked as skipped Explanation: Dynamo does not "
+    "know how to trace the builtin `vllm._C.ops.PyCapsule.{}.`"
+)
+
+
+def test_unpatched_b6_like_tree_fails_with_the_reports_error(tmp_path):
+    root = downstream.b6_like(tmp_path / "tree")
+    results = trace(root, tmp_path)
+    default, sp = results["default"], results["sp"]
+    for result in results.values():
+        on_the_xpu_paths(result)
+        assert result["result"] == "failed" and result["graphs"] == 0, result
+    assert default["error"] == NO_FAKE, default
+    assert "unsupported operator: torch_ipex.fp8_gemm_w8a16" in default["message"]
+    assert default["where"][-1].startswith(
+        "vllm/model_executor/layers/quantization/ipex_quant.py:"
+    ), default["where"]
+    assert default["where"][-1].endswith(" apply"), default["where"]
+    assert PYBIND11.format("rms_norm") in sp["message"], sp
+    assert sp["where"][-2].startswith("vllm/model_executor/layers/layernorm.py:")
+
+
+def test_gemm_fakes_only_fails_at_the_rotary_call(tmp_path):
+    root = downstream.b6_like(tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--patches", "0001 0002", "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    results = trace(root, tmp_path)
+    default, sp = results["default"], results["sp"]
+    for result in results.values():
+        on_the_xpu_paths(result)
+        assert result["result"] == "failed" and result["graphs"] == 0, result
+    assert PYBIND11.format("rotary_embedding") in default["message"], default
+    assert [w.rsplit(" ", 1)[1] for w in default["where"][-3:]] == [
+        "forward_native",
+        "forward_xpu",
+        "rotary_embedding",
+    ], default["where"]
+    assert default["where"][-3].startswith(
+        "vllm/model_executor/layers/rotary_embedding/mrope.py:"
+    )
+    assert default["where"][-1].startswith("vllm/_ipex_ops.py:")
+    # sequence parallelism reaches the pybind11 norm first
+    assert PYBIND11.format("rms_norm") in sp["message"], sp
+
+
+IMAGE_KERNELS = {
+    "default": {"vllm::xpu_c_rotary_embedding (writes carried)"},
+    "sp": {
+        "vllm::xpu_c_rotary_embedding (writes carried)",
+        "vllm::xpu_c_rms_norm (writes carried)",
+        "vllm::xpu_c_fused_add_rms_norm (writes carried)",
+    },
+}
+OPAQUE = {
+    "torch_ipex::fp8_gemm_w8a16",
+    "vllm::moe_forward (writes carried)",
+    "vllm::unified_attention_with_output (writes carried)",
+}
+
+
+def test_full_fix_traces_the_whole_model_with_no_graph_break(tmp_path):
+    """Through `make audit MODEL=qwen3_vl_moe`, which exits 0 only when the
+    static search finds no untraceable call and every configuration traces."""
+    root = downstream.b6_like(tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    status, report = audited(root)
+    assert status == 0 and report["ok"] is True, report["untraceable"]
+    for result in report["model"]["configurations"]:
+        configuration = result["configuration"]
+        on_the_xpu_paths(result)
+        assert result["result"] == "traced", result
+        assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
+        assert set(result["ops"]) == OPAQUE | IMAGE_KERNELS[configuration], result
+
+
+def test_a_wrapper_that_drops_its_writes_is_caught(tmp_path):
+    """The known-wrong wrapper: rotary_embedding's op declares that it
+    mutates nothing (its kernel writes query and key). Through `make audit
+    MODEL=`: the negative control of its exit status (the static search
+    and the GEMM fakes' opcheck pass; the model proof fails it)."""
+    root = downstream.b6_like(tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    wrappers = root / "vllm" / "_xpu_opaque_calls.py"
+    text = wrappers.read_text()
+    declared = '        "bool is_neox",\n        ),\n        ("query", "key"),\n'
+    assert text.count(declared) == 1
+    wrappers.write_text(text.replace(declared, declared.replace('"query", "key"', "")))
+    status, report = audited(root)
+    # the audit's other parts pass: only the model proof can fail it here
+    assert not [r["op"] for r in report["ops"] if r["verdict"].startswith("FAIL")]
+    assert [f["callee"] for f in report["untraceable"] if f["reached"]] == []
+    assert status == 1 and report["ok"] is False
+    for result in report["model"]["configurations"]:
+        assert result["result"] == "writes lost", result
+        assert result["dropped"] == ["vllm::xpu_c_rotary_embedding"], result
+
+
+# Plain 0.14.1 (no downstream edit), Qwen3-MoE fp8 (Qwen/Qwen3-30B-A3B's
+# architecture, tiny): sequence parallelism turns +rms_norm on, and
+# RMSNorm.forward_xpu reaches torch_ipex::rms_norm_vllm, which IPEX's XPU
+# build registers without a dispatch key (CompositeImplicitAutograd): no fake
+# can be given to it, and traced, the stand-in reads the fake tensors' data,
+# as the C++ does. The GEMM fakes alone trace the default configuration and
+# not sp; 0003 (the op as a wrapper with a fake) traces both.
+
+PLAIN = "0.14.1"
+SP_NORM = "vllm/_ipex_ops.py:"
+
+
+def test_plain_release_gemm_fakes_only_fail_with_sequence_parallelism(tmp_path):
+    root = releases.copy_of(PLAIN, tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--patches", "0001 0002", "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    results = trace(root, tmp_path, "qwen3_moe")
+    default, sp = results["default"], results["sp"]
+    assert default["result"] == "traced", default
+    assert (default["graphs"], default["graph_breaks"]) == (1, 0)
+    assert sp["result"] == "failed" and sp["graphs"] == 0, sp
+    assert "rms_norm_vllm" in sp["message"], sp
+    assert sp["where"][-2].startswith("vllm/model_executor/layers/layernorm.py:")
+    assert sp["where"][-1].startswith(SP_NORM), sp["where"]
+    assert sp["forwards"]["RMSNorm"] == "forward_xpu"
+    # the line make stage's PR text shows for it (prtext: before 0003)
+    said = modelproof.summary({"configurations": [default, sp]})
+    assert said.startswith(
+        "default: traced whole, 1 graph(s), 0 graph break(s); sp: fails, "
+        "TorchRuntimeError: RuntimeError when making fake tensor call "
+        "(torch_ipex.rms_norm_vllm) at vllm/_ipex_ops.py:"
+    ), said
+
+
+def test_plain_release_full_fix_traces_with_and_without_sequence_parallelism(
+    tmp_path,
+):
+    results = trace(releases.patched(PLAIN), tmp_path, "qwen3_moe")
+    wrapped = {
+        "default": set(),
+        "sp": {
+            "vllm::ipex_rms_norm_vllm (writes carried)",
+            "vllm::ipex_fused_add_rms_norm_vllm (writes carried)",
+        },
+    }
+    for configuration, result in results.items():
+        assert result["methods"]["XPUFp8MoEMethod"] == 2, result["methods"]
+        assert result["result"] == "traced", result
+        assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
+        assert set(result["ops"]) == OPAQUE | wrapped[configuration], result
+    assert modelproof.summary({"configurations": list(results.values())}) == (
+        "default: traced whole, 1 graph(s), 0 graph break(s); "
+        "sp: traced whole, 1 graph(s), 0 graph break(s)"
+    )
