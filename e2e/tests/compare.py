@@ -10,8 +10,8 @@ position where the reference's best two tokens are within ``near_tie`` nats
 of each other; from there on the runs may legitimately part (a prefix that
 differs changes everything after it).
 
-The tolerances come from measurement (README, *What the engine tests
-prove*): eager against compiled on the same model differs only by rounding,
+The tolerances come from measurement (docs/proof.md, *What `make e2e`
+proves*): eager against compiled on the same model differs only by rounding,
 because Inductor fuses the code around the GEMMs and keeps fp32 where eager
 rounds to bf16 between ops; where the activations are quantized too (fp8
 W8A8, MXFP4 W4A4), an activation that lands on the neighbouring fp8 / fp4

@@ -7,6 +7,7 @@ part took is printed and written to ``$VLLM_XPU_FAKES_CACHE/e2e/timings.json``.
 """
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -28,8 +29,12 @@ _START = time.monotonic()
 @pytest.fixture(scope="session")
 def work() -> Path:
     """This session's files (plans, results, engine logs, models), in the
-    cache directory: $VLLM_XPU_FAKES_CACHE/e2e/work, emptied first."""
+    cache directory: $VLLM_XPU_FAKES_CACHE/e2e/work, emptied first (under
+    pytest-xdist, work/<worker> for each worker)."""
     path = engine.venvs.cache_dir() / "e2e" / "work"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        path = path / worker
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
@@ -73,27 +78,58 @@ def release(request) -> str:
     return request.param
 
 
+def _release_of(item) -> str:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec else {}
+    c = params.get("case")
+    rel = c.release if c else ""
+    for name in ("release", "recipe_release", "serve_release"):
+        rel = params.get(name, rel)
+    return rel
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """Run a release's tests together (its sequence runs once)."""
+    """Run a release's tests together (its sequence runs once, and changes
+    that release's venv): in order, and under pytest-xdist on one worker
+    (`--dist loadgroup`)."""
 
     def key(item):
-        callspec = getattr(item, "callspec", None)
-        params = callspec.params if callspec else {}
-        c = params.get("case")
-        rel = c.release if c else ""
-        for name in ("release", "recipe_release", "serve_release"):
-            rel = params.get(name, rel)
+        rel = _release_of(item)
         return cases.RELEASES.index(rel) if rel in cases.RELEASES else -1
 
     items.sort(key=key)
+    for item in items:
+        if _release_of(item):
+            item.add_marker(pytest.mark.xdist_group(f"e2e-{_release_of(item)}"))
+
+
+def _worker_timings() -> Path:
+    return engine.venvs.cache_dir() / "e2e" / "timings-by-worker"
+
+
+def pytest_sessionstart(session):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(_worker_timings(), ignore_errors=True)
+
+
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker leaves its timings for the summary."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and engine.TIMINGS:
+        _worker_timings().mkdir(parents=True, exist_ok=True)
+        (_worker_timings() / f"{worker}.json").write_text(json.dumps(engine.TIMINGS))
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not engine.TIMINGS:
+    timings = list(engine.TIMINGS)
+    for path in sorted(_worker_timings().glob("*.json")):
+        timings += [dict(t, worker=path.stem) for t in json.loads(path.read_text())]
+    if not timings:
         return
     total = round(time.monotonic() - _START, 1)
     terminalreporter.section("e2e timings (seconds)")
-    for t in engine.TIMINGS:
+    for t in timings:
         extra = {k: v for k, v in t.items() if k not in ("what", "s")}
         terminalreporter.write_line(
             f"{t['s']:8.1f}  {t['what']}" + (f"  {json.dumps(extra)}" if extra else "")
@@ -101,4 +137,4 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"{total:8.1f}  the session")
     out = engine.venvs.cache_dir() / "e2e" / "timings.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"session_s": total, "parts": engine.TIMINGS}, indent=1))
+    out.write_text(json.dumps({"session_s": total, "parts": timings}, indent=1))
