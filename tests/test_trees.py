@@ -283,9 +283,9 @@ def _mtimes(root) -> dict[str, int]:
     return {str(p): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
 
 
-def _audit_ours(target) -> dict[str, str]:
+def _audit_ours(target, *args: str) -> dict[str, str]:
     """op -> verdict for the ops of ours that `make audit` sees in the tree."""
-    result = tool.run("audit", str(target), "--json")
+    result = tool.run("audit", str(target), "--json", *args)
     report = json.loads(result.stdout)
     return {
         op["op"]: op["verdict"]
@@ -303,7 +303,7 @@ def _hashes(root) -> dict[str, str]:
     }
 
 
-def _round_trip(root, target, *expected: str) -> str:
+def _round_trip(root, target, *expected: str, static: bool = False) -> str:
     before = _hashes(root)
     result = tool.run("apply", str(target))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -313,6 +313,10 @@ def _round_trip(root, target, *expected: str) -> str:
     verdicts = _audit_ours(target)
     assert verdicts, "the audit saw none of our ops"
     assert all(v == "ok" for v in verdicts.values()), verdicts
+    if static:  # without loading them, the fakes are seen in the source
+        found = _audit_ours(target, "--static")
+        assert found.keys() == verdicts.keys(), found
+        assert set(found.values()) == {"unverified fake"}, found
 
     mtimes = _mtimes(root)
     again = tool.run("apply", str(target))
@@ -484,6 +488,7 @@ def test_mixed_era_registers_both_families(tmp_path):
         root,
         "mixed tree: IPEX era, and its code calls the _xpu_C GEMMs",
         "vllm/_ipex_ops.py: changed by recipe",
+        static=True,
     )
     assert verdicts["_xpu_C::fp8_gemm_w8a16"] == "ok"
 

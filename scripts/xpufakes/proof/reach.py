@@ -83,7 +83,7 @@ _SETUP = re.compile(
     r"^(__init__|process_weights_after_loading|_?process_weights.*|create_weights"
     r"|load_weights|.*weight_loader.*|__post_init__)$"
 )
-_OTHER_PLATFORMS = frozenset(
+OTHER_PLATFORMS = frozenset(
     {
         "forward_cuda",
         "forward_hip",

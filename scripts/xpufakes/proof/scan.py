@@ -40,15 +40,6 @@ TRACED, IF_ENABLED, OPAQUE, NOT_TRACED, OTHER_PLATFORM, HELPER = (
     "another platform's path",
     "helper: see its callers",
 )
-_OTHER_PLATFORMS = {
-    "forward_cuda",
-    "forward_hip",
-    "forward_cpu",
-    "forward_tpu",
-    "forward_hpu",
-    "forward_oot",
-    "forward_neuron",
-}
 _SETUP_NAMES = re.compile(
     r"^(__init__|process_weights_after_loading|_?process_weights.*|create_weights"
     r"|load_weights|.*weight_loader.*)$"
@@ -63,18 +54,6 @@ class CallSite:
     context: str
     via: str = ""  # the helper called, for indirect calls
     module: str = ""
-
-
-def _dotted(node: ast.expr) -> str:
-    """'a.b.c' for a Name/Attribute chain, else ''."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return ""
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _op_of(node: ast.expr) -> str | None:
@@ -104,19 +83,6 @@ class _Function:
     opaque: bool = False
 
 
-# Nodes that hold no call, definition or import: not descended into.
-_LEAVES = (
-    ast.Name,
-    ast.Constant,
-    ast.expr_context,
-    ast.operator,
-    ast.unaryop,
-    ast.boolop,
-    ast.cmpop,
-    ast.alias,
-)
-
-
 class _ModuleScan(ast.NodeVisitor):
     """Functions, op calls, helper calls and imports of one module. (It
     walks the tree as ast.NodeVisitor does, but dispatches by type and
@@ -131,9 +97,11 @@ class _ModuleScan(ast.NodeVisitor):
             value = getattr(node, name, None)
             if isinstance(value, list):
                 for item in value:
-                    if isinstance(item, ast.AST) and not isinstance(item, _LEAVES):
+                    if isinstance(item, ast.AST) and not isinstance(
+                        item, pysource.LEAVES
+                    ):
                         self.visit(item)
-            elif isinstance(value, ast.AST) and not isinstance(value, _LEAVES):
+            elif isinstance(value, ast.AST) and not isinstance(value, pysource.LEAVES):
                 self.visit(value)
 
     def __init__(self, module: str, path: str):
@@ -183,18 +151,25 @@ class _ModuleScan(ast.NodeVisitor):
         self.stack.append(node.name)
         qualname = ".".join(self.stack)
         names = [
-            _dotted(d.func if isinstance(d, ast.Call) else d)
+            natives.dotted(d.func if isinstance(d, ast.Call) else d)
             for d in node.decorator_list
         ]
         opaque = any("custom_op" in n or "register_fake" in n for n in names)
         self.functions[qualname] = _Function(self.module, qualname, opaque)
         for decorator in node.decorator_list:
-            if isinstance(decorator, ast.Call) and "register_fake" in _dotted(
+            # @register_fake("ns::op"), and a decorator that enters its
+            # function as the fake of the op a schema names (the overlay's
+            # @_fake_of(TABLE, "ns::op(...) -> Tensor"))
+            if isinstance(decorator, ast.Call) and "fake" in natives.dotted(
                 decorator.func
             ):
-                for arg in decorator.args[:1]:
-                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                        self.fakes_declared.add(arg.value)
+                for arg in decorator.args[:2]:
+                    if (
+                        isinstance(arg, ast.Constant)
+                        and isinstance(arg.value, str)
+                        and "::" in arg.value
+                    ):
+                        self.fakes_declared.add(arg.value.partition("(")[0])
         self.generic_visit(node)
         self.stack.pop()
 
@@ -202,7 +177,7 @@ class _ModuleScan(ast.NodeVisitor):
 
     def visit_Call(self, node):
         op = _op_of(node.func)
-        func = _dotted(node.func)
+        func = natives.dotted(node.func)
         if op:
             # another namespace counts in XPU code only
             if op.split("::")[0] in NAMESPACES or op in WRAPPER_OPS or self._xpu_code():
@@ -272,7 +247,7 @@ def _context(scan: _ModuleScan, function: str) -> str:
     name = parts[-1]
     if _SETUP_NAMES.match(name):
         return NOT_TRACED
-    if name in _OTHER_PLATFORMS:
+    if name in reach.OTHER_PLATFORMS:
         return OTHER_PLATFORM
     if name == "forward_xpu":
         return IF_ENABLED

@@ -32,7 +32,7 @@ class Func:
 
 # Nodes below which there is no other node that the search looks for (a
 # call, an assignment, an attribute, a statement): not descended into.
-_LEAVES = (
+LEAVES = (
     ast.Name,
     ast.Constant,
     ast.expr_context,
@@ -48,7 +48,7 @@ _BLOCKS = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
 
 
 def walk(node: ast.AST):
-    """ast.walk's nodes in ast.walk's order, but the leaves (_LEAVES) and
+    """ast.walk's nodes in ast.walk's order, but the leaves (LEAVES) and
     what is below them: a search walks hundreds of functions."""
     todo = deque([node])
     while todo:
@@ -60,9 +60,9 @@ def walk(node: ast.AST):
                 todo.extend(
                     v
                     for v in value
-                    if isinstance(v, ast.AST) and not isinstance(v, _LEAVES)
+                    if isinstance(v, ast.AST) and not isinstance(v, LEAVES)
                 )
-            elif isinstance(value, ast.AST) and not isinstance(value, _LEAVES):
+            elif isinstance(value, ast.AST) and not isinstance(value, LEAVES):
                 todo.append(value)
 
 
