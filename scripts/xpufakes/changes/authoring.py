@@ -68,7 +68,7 @@ def _pin_of(version: str, f: index.File, known: pins.Pin | None) -> pins.Pin:
             raise Refusal(f"{f.name} changed on the index: {f.sha256}")
         record = known.record_sha256
     else:  # first pinning: the whole wheel, verified, gives its RECORD's
-        whole = wheel.download_whole(
+        whole = index.download(
             f.url, f.name, f.sha256, paths.cache_dir() / "wheels", ""
         )
         try:

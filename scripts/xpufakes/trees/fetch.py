@@ -15,12 +15,10 @@ import re
 import shutil
 import tarfile
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from xpufakes.common import paths, progress
-from xpufakes.common.errors import Refusal
+from xpufakes.common import paths
 from xpufakes.trees import index, wheel
 from xpufakes.trees.pins import Pin
 
@@ -57,39 +55,8 @@ def download(pin: Pin, step: str = "") -> Path:
     target = sdist_path(pin)
     if target.is_file() and _sha256_of(target) == pin.sdist_sha256:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    url = sdist_url(pin.version)
-    name = f"vllm-{pin.version}.tar.gz"
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
-    shown = None
-    try:
-        with (
-            os.fdopen(fd, "wb") as out,
-            urllib.request.urlopen(url, timeout=600, context=index.ssl_context()) as r,
-        ):
-            length = r.headers.get("Content-Length", "")
-            shown = progress.Download(
-                name, int(length) if length.isdigit() else None, step
-            )
-            while block := r.read(1 << 16):
-                out.write(block)
-                shown.advance(len(block))
-        actual = _sha256_of(Path(tmp))
-        if actual != pin.sdist_sha256:
-            raise Refusal(
-                f"{name} has sha256 {actual}, pinned {pin.sdist_sha256}; discarded"
-            )
-        os.replace(tmp, target)
-        shown.verified("sha256 verified")
-        shown = None
-    except OSError as e:
-        raise Refusal(f"cannot download {name}: {e}") from None
-    finally:
-        if shown is not None:
-            shown.failed()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    url, name = sdist_url(pin.version), f"vllm-{pin.version}.tar.gz"
+    return index.download(url, name, pin.sdist_sha256, target.parent, step)
 
 
 def cached(pin: Pin) -> bool:

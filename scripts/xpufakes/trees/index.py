@@ -4,17 +4,21 @@ with the sha256 it gives for each), and reading a file it serves, whole or
 a byte range of it (HTTP range requests; a file:// index is read in place).
 """
 
+import hashlib
 import json
 import os
 import re
 import ssl
 import subprocess
 import sys
+import tempfile
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from pathlib import Path
 
+from xpufakes.common import progress
 from xpufakes.common.errors import Refusal
 
 
@@ -143,3 +147,45 @@ def open_url(url: str, start: int | None = None, end: int | None = None):
         headers["Range"] = f"bytes={start}-{'' if end is None else end}"
     request = urllib.request.Request(url, headers=headers)
     return urllib.request.urlopen(request, timeout=600, context=ssl_context())
+
+
+def download(url: str, name: str, sha256: str, into: Path, step: str = "") -> Path:
+    """The file at `url` (http(s) or file:), verified against `sha256`, as
+    `into`/`name`; its progress shown (`step`: "k/N" of several)."""
+    into.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=into, prefix=f".{name}.", suffix=".part")
+    shown = None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            parsed = urllib.parse.urlparse(url)
+            if parsed.scheme == "file":
+                response = open(urllib.parse.unquote(parsed.path), "rb")  # noqa: SIM115
+                length = str(os.fstat(response.fileno()).st_size)
+            else:
+                response = open_url(url)
+                length = response.headers.get("Content-Length", "")
+            with response as r:
+                shown = progress.Download(
+                    name, int(length) if length.isdigit() else None, step
+                )
+                digest = hashlib.sha256()
+                while block := r.read(1 << 16):
+                    out.write(block)
+                    digest.update(block)
+                    shown.advance(len(block))
+        if digest.hexdigest() != sha256:
+            raise Refusal(
+                f"{name} has sha256 {digest.hexdigest()}, pinned {sha256}; discarded"
+            )
+        target = into / name
+        os.replace(tmp, target)
+        shown.verified("sha256 verified")
+        shown = None
+        return target
+    except OSError as e:
+        raise Refusal(f"cannot download {name}: {e}") from None
+    finally:
+        if shown is not None:
+            shown.failed()
+        if os.path.exists(tmp):
+            os.unlink(tmp)

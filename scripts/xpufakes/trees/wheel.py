@@ -25,7 +25,6 @@ import io
 import os
 import re
 import struct
-import tempfile
 import urllib.parse
 import zlib
 from collections.abc import Callable
@@ -280,47 +279,6 @@ def record_sha256_of_whole(path: Path, name: str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def download_whole(url: str, name: str, sha256: str, into: Path, step: str) -> Path:
-    """The whole wheel, verified against `sha256`, as a file in `into`."""
-    into.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=into, prefix=f".{name}.", suffix=".part")
-    shown = None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            parsed = urllib.parse.urlparse(url)
-            if parsed.scheme == "file":
-                response = open(urllib.parse.unquote(parsed.path), "rb")  # noqa: SIM115
-                length = str(os.fstat(response.fileno()).st_size)
-            else:
-                response = index.open_url(url)
-                length = response.headers.get("Content-Length", "")
-            with response as r:
-                shown = progress.Download(
-                    name, int(length) if length.isdigit() else None, step
-                )
-                digest = hashlib.sha256()
-                while block := r.read(1 << 16):
-                    out.write(block)
-                    digest.update(block)
-                    shown.advance(len(block))
-        if digest.hexdigest() != sha256:
-            raise Refusal(
-                f"{name} has sha256 {digest.hexdigest()}, pinned {sha256}; discarded"
-            )
-        target = into / name
-        os.replace(tmp, target)
-        shown.verified("sha256 verified")
-        shown = None
-        return target
-    except OSError as e:
-        raise Refusal(f"cannot download {name}: {e}") from None
-    finally:
-        if shown is not None:
-            shown.failed()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def unpack(
     url: str,
     name: str,
@@ -340,7 +298,7 @@ def unpack(
         try:
             members = directory(source, name)
         except NoRanges:
-            whole = download_whole(url, name, wheel_sha256, scratch, step)
+            whole = index.download(url, name, wheel_sha256, scratch, step)
             source = Local(whole)
             members = directory(source, name)
         chosen = [m for m in members if not NATIVE.search(m.name)]
