@@ -150,13 +150,10 @@ def shown(results: dict[str, dict]) -> str:
 
 @pytest.mark.parametrize("commit", list(TREES))
 def test_llm_scaler_tree_whole_model(commit, tmp_path, record_property):
-    if releases.era(TREES[commit][0]) != "ipex":
-        pytest.skip(
-            "not built: 0.21.0 makes online fp8's weights on the meta device "
-            "until a checkpoint's tensors load, and quantizes them with "
-            "vllm-xpu-kernels' _C ops; modeltrace fills random weights"
-        )
+    ipex = releases.era(TREES[commit][0]) == "ipex"
     stages = {"unpatched": None, "GEMM fakes only": "0001 0002", "full fix": ""}
+    if not ipex:  # one patch: the fakes (nothing untraceable to route)
+        del stages["GEMM fakes only"]
     found = {}
     for stage, patches in stages.items():
         tree = rebuild(commit, tmp_path / stage.replace(" ", "-"))
@@ -170,7 +167,11 @@ def test_llm_scaler_tree_whole_model(commit, tmp_path, record_property):
         assert result["result"] == "traced", result
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
     for result in found["unpatched"].values():
-        assert result["result"] == "failed", result
+        # 0.21.0 (b18beee) has fakes of its own, wrong only where this
+        # model's trace does not look (3-D inputs, strides: the opcheck grid
+        # catches them), and online fp8 there calls fp8_gemm_w8a16: its
+        # unpatched model traces whole too
+        assert result["result"] == ("failed" if ipex else "traced"), result
     if commit == "b5571c3":  # the report's tree: the issue's three stages
         default = found["unpatched"]["default"]
         assert default["error"] == NO_FAKE, default

@@ -79,11 +79,12 @@ def _setup(tree: Path, standins: str) -> list:
 
     made.install_torchvision()
     made.install_downstream_packages()
-    kept = [made.define_torch_ipex_ops(), made.define_loading_ops()]
+    kept = [made.define_torch_ipex_ops(), made.define_loading_ops("torch_ipex")]
     made.install_ipex()
     loading.stub_vllm_extensions(tree)
     if "vllm-xpu-kernels" in standins or _imports_xpu_kernels(tree):
         loading.stub_xpu_kernel_package()
+        kept.append(made.define_loading_ops("_C"))  # its _C registers them
         # found by importlib.util.find_spec, as vLLM looks for it
         # (0.21.0's kernels/xpu_ops.py)
         package = sys.modules["vllm_xpu_kernels"]
@@ -354,8 +355,27 @@ def _build(model: model_data.Model, vllm_config):
             if parameter.is_floating_point():
                 values = torch.randn(parameter.shape, generator=generator) * 0.02
                 parameter.copy_(values.to(parameter.dtype))
+    _finish_online_quantization(built, vllm_config.model_config)
     process_weights_after_loading(built, vllm_config.model_config, torch.device("cpu"))
     return built
+
+
+def _finish_online_quantization(built, model_config) -> None:
+    """Online quantization that makes its weights on the meta device
+    (0.21.0's fp8: `uses_meta_device`) quantizes each layer as the
+    checkpoint's tensors for it arrive. A layer none arrive for (here: all)
+    is materialized and quantized by vLLM's own finalize_layerwise_processing,
+    which its loader calls after loading; then, as there, the rest of the
+    processing. Trees before it have neither."""
+    try:
+        from vllm.model_executor.model_loader.base_loader import _has_online_quant
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_processing,
+        )
+    except ImportError:
+        return
+    if _has_online_quant(built):
+        finalize_layerwise_processing(built, model_config)
 
 
 def _described(built) -> dict:

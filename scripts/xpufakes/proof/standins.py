@@ -516,39 +516,64 @@ def install_ipex(woq_from_weight: Callable | None = None) -> types.ModuleType:
 
 
 def dynamic_scaled_fp8_quant(result, input, scale) -> None:
-    """IPEX's per-tensor dynamic fp8 quantization (online fp8 quantizes the
-    weights with it while loading): scale = amax / fp8 max."""
+    """Per-tensor dynamic fp8 quantization (online fp8 quantizes the weights
+    with it while loading): scale = amax / fp8 max."""
     finfo = torch.finfo(result.dtype)
     amax = input.abs().amax().float().clamp(min=1e-12)
     scale.fill_(amax / finfo.max)
     result.copy_((input.float() / scale).clamp(finfo.min, finfo.max).to(result.dtype))
 
 
-# name -> (schema as IPEX infers it, CPU kernel). IPEX registers it for the
-# XPU key only (data/untraceable.toml); here it has a CPU kernel, so that
-# loading runs on the CPU. It is never traced: weight loading is not.
+def static_scaled_fp8_quant(result, input, scale, group_shape=None) -> None:
+    """fp8 quantization by a given scale (a scalar, or one that broadcasts
+    over the input as `group_shape` says: per channel or per token)."""
+    finfo = torch.finfo(result.dtype)
+    if scale.numel() > 1 and scale.dim() == 1:
+        per_token = group_shape is not None and group_shape[1] != 1
+        scale = scale.view(-1, 1) if per_token else scale.view(1, -1)
+    quantized = (input.float() / scale.float()).clamp(finfo.min, finfo.max)
+    result.copy_(quantized.to(result.dtype))
+
+
+# "ns::name.overload" -> (schema, CPU kernel): the quantization ops that run
+# while loading (online fp8 quantizes the weights with them), registered by
+# the XPU builds for the XPU key only: IPEX's (data/untraceable.toml, its
+# schema as IPEX infers it) and vllm-xpu-kernels' _C ones (0.21.0's
+# ops.scaled_fp8_quant). Here they have CPU kernels, so that loading runs on
+# the CPU. They are never traced: weight loading is not.
 LOADING_OPS: dict[str, tuple[str, Callable]] = {
-    "dynamic_scaled_fp8_quant.xpu": (
+    "torch_ipex::dynamic_scaled_fp8_quant.xpu": (
         "dynamic_scaled_fp8_quant.xpu(Tensor _0, Tensor _1, Tensor _2) -> ()",
         dynamic_scaled_fp8_quant,
+    ),
+    "_C::dynamic_scaled_fp8_quant": (
+        "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
+        dynamic_scaled_fp8_quant,
+    ),
+    "_C::static_scaled_fp8_quant": (
+        "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
+        "int[]? group_shape=None) -> ()",
+        static_scaled_fp8_quant,
     ),
 }
 
 
-def define_loading_ops() -> dict:
-    """Define the torch_ipex ops of LOADING_OPS that are not defined yet,
-    with their CPU kernels. Keep the returned library referenced."""
-    lib = torch.library.Library("torch_ipex", "FRAGMENT")
-    defined = []
-    for name, (schema, kernel) in LOADING_OPS.items():
-        op_name, _, overload = name.partition(".")
-        packet = getattr(torch.ops.torch_ipex, op_name, None)
-        if packet is not None and overload in packet.overloads():
+def define_loading_ops(namespace: str) -> torch.library.Library:
+    """Define the ops of LOADING_OPS in `namespace` ("torch_ipex": IPEX's;
+    "_C": vllm-xpu-kernels') that are not defined yet, with their CPU
+    kernels. Keep the returned library referenced."""
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    for qualified, (schema, kernel) in LOADING_OPS.items():
+        if not qualified.startswith(f"{namespace}::"):
             continue
-        lib.define(schema, alias_analysis="CONSERVATIVE")
+        name = qualified.partition("::")[2]
+        op_name, _, overload = name.partition(".")
+        packet = getattr(getattr(torch.ops, namespace), op_name, None)
+        if packet is not None and (overload or "default") in packet.overloads():
+            continue
+        lib.define(schema, alias_analysis="CONSERVATIVE" if overload else "")
         lib.impl(name, kernel, "CPU")
-        defined.append(name)
-    return {"library": lib, "ops": defined}
+    return lib
 
 
 # ---------------------------------------------------------------------------
