@@ -230,8 +230,13 @@ def test_make_turns_every_failure_into_2_as_the_readme_says(tmp_path):
     ]
     python = _python_without_torch(tmp_path / "venv")
     # as at a shell: not inside another make (`make test` would make these
-    # "make[1]: ..." lines)
-    outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    # "make[1]: ..." lines), nor with the variables given on its command line
+    # (`.ci/run`'s ARGS=...: make puts them in its recipes' environment)
+    outer = {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"} | set(
+        re.findall(
+            r"(?:^|\s)(\w+)=", os.environ.get("MAKEFLAGS", "").partition(" -- ")[2]
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k not in outer} | {"PYTHON": python}
     for make_args, tool_args, status in cases:
         made = subprocess.run(
