@@ -108,7 +108,16 @@ def _group(item) -> str | None:
             shared.append(f"{name}={param}")
     if not shared:
         return None
+    if item.path.name in ONE_WORKER:
+        return item.path.name
     return f"{item.path.name}:{','.join(sorted(shared))}"
+
+
+# Modules whose groups run one after another on one worker: test_stage.py's
+# stagings share the tree checks' environment and mypy cache (in the tool's
+# cache), which the first one builds cold (2–3 min); two cold at once on both
+# workers cost twice that, the later ones are warm.
+ONE_WORKER = ("test_stage.py",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups: docs/testing.md
