@@ -316,7 +316,9 @@ def _round_trip(root, target, *expected: str, static: bool = False) -> str:
     if static:  # without loading them, the fakes are seen in the source
         found = _audit_ours(target, "--static")
         assert found.keys() == verdicts.keys(), found
-        assert set(found.values()) == {"unverified fake"}, found
+        # (a wrapped IPEX WOQ module is "ok": its op's fake is ours by name)
+        assert "unverified fake" in found.values(), found
+        assert set(found.values()) <= {"unverified fake", "ok"}, found
 
     mtimes = _mtimes(root)
     again = tool.run("apply", str(target))
