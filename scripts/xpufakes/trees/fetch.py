@@ -15,7 +15,7 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from xpufakes.common import paths
@@ -91,29 +91,23 @@ def fetch(pin: Pin, step: str = "") -> Path:
 
 
 def _unpack(pin: Pin, sdist: Path, tree: Path) -> Path:
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{pin.version}-"))
-    try:
+    def make(staging: Path) -> Path:
         with tarfile.open(sdist) as archive:
             kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             archive.extractall(staging, **kwargs)
         (top,) = [p for p in staging.iterdir() if re.match(r"vllm-", p.name)]
         (top / _MARKER).write_text(pin.sdist_sha256 + "\n")
-        if tree.exists():
-            shutil.rmtree(tree)
-        os.replace(top, tree)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return tree
+        return top
+
+    return _made_in_place_of(tree, pin.version, make)
 
 
 def _unpack_wheel(pin: Pin, tree: Path, step: str) -> Path:
     """A wheel-only release, as it installs (vllm/, its .dist-info), in the
     cache: every file but the native extensions, verified (wheel.py)."""
     url = index.listed("vllm", pin.wheel).url
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{pin.version}-"))
-    try:
+
+    def make(staging: Path) -> Path:
         top = staging / "tree"
         wheel.unpack(
             url,
@@ -125,6 +119,19 @@ def _unpack_wheel(pin: Pin, tree: Path, step: str) -> Path:
             step,
         )
         (top / _WHEEL_MARKER).write_text(pin.record_sha256 + "\n")
+        return top
+
+    return _made_in_place_of(tree, pin.version, make)
+
+
+def _made_in_place_of(tree: Path, version: str, make: Callable[[Path], Path]) -> Path:
+    """`tree`, replaced in one rename by what `make` builds in a staging
+    directory beside it (and returns the top of); nothing is left behind if
+    it fails."""
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{version}-"))
+    try:
+        top = make(staging)
         if tree.exists():
             shutil.rmtree(tree)
         os.replace(top, tree)
