@@ -7,12 +7,24 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+
+# One intra-op thread for every torch process of the tests (this one, the
+# forked tests, and through the environment the tool, its proofs, the
+# in-tree tests): the tensors are tiny, and `make test` already runs a
+# pytest-xdist worker per core. With torch's default (a thread per core)
+# the processes of the two workers share 2 cores among 4 OpenMP threads,
+# whose spin-waits at each parallel region cost more than the work
+# (measured: one test_compile case 17.8 s on one thread, 61.5 s on two,
+# with the other core busy). Set before torch is imported; a value given
+# by the caller is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The proofs that passed are remembered (proof.ProofCache); each run of the
 # tests starts with none, so that every proof a test expects runs. Each
@@ -135,9 +147,17 @@ def pytest_collection_modifyitems(config, items):
 
 def _warm_torch() -> None:
     """Import and warm up torch, dynamo and opcheck once, in the parent, so
-    that forked tests start warm."""
+    that forked tests start warm. Inductor's modules too: every vLLM release
+    imports them (vllm/env_override.py), and so does each forked test that
+    loads a release's file (about 2 s a test if not imported here); imported
+    only, nothing compiled, so no compile worker is started before a fork."""
     import torch
     import torch._dynamo  # noqa: F401
+
+    with warnings.catch_warnings():  # torch.jit's deprecation, on import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch._inductor.compile_fx  # noqa: F401
+        import torch._inductor.lowering  # noqa: F401
     from torch.testing._internal.optests import generate_tests  # noqa: F401
 
     torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
