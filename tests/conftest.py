@@ -21,9 +21,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 # pytest-xdist worker per core. With torch's default (a thread per core)
 # the processes of the two workers share 2 cores among 4 OpenMP threads,
 # whose spin-waits at each parallel region cost more than the work
-# (measured: one test_compile case 17.8 s on one thread, 61.5 s on two,
-# with the other core busy). Set before torch is imported; a value given
-# by the caller is kept.
+# (measured, two copies at once of 9 test_compile cases: 90 s each on one
+# thread, 106 s on two; docs/testing.md). Set before torch is imported; a
+# value given by the caller is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The proofs that passed are remembered (proof.ProofCache); each run of the
