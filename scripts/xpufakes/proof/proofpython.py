@@ -5,9 +5,10 @@ apply sets one up, once, saying so as it goes.
 In order: $VLLM_XPU_FAKES_PROOF_PYTHON; the Python running the tool, if it
 has torch (a vLLM image's does); this repository's .venv, made by `make
 venv` (or by an earlier apply) from requirements-test.txt; otherwise that
-.venv is made now, the same way: `python -m venv .venv`, then `pip install
--r requirements-test.txt` from pip's configured index (torch and the
-import-time dependencies of vLLM's modules, ~1.3 GB), pip's progress on
+.venv is made now, the same way: `python -m venv .venv`, then
+requirements-test.txt installed by common/installer.py (uv, from pip's
+configured index; pip if uv cannot be had): torch and the import-time
+dependencies of vLLM's modules, ~1.3 GB, the installer's progress on
 stderr, and the stamp `make venv` leaves (.venv/.installed), so that make
 sees it done. A setup that fails or is interrupted leaves .venv without the
 stamp, and the next apply resumes it.
@@ -21,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from xpufakes.common import children, paths
+from xpufakes.common import children, installer, paths
 from xpufakes.common.errors import Refusal
 
 VENV = paths.REPO / ".venv"
@@ -62,34 +63,28 @@ def _set_up(say: Callable[[str], None]) -> None:
     python = VENV / "bin" / "python"
     say(
         f"the proof needs torch, and {sys.executable} has none: setting up "
-        f"{VENV} once (python -m venv, then pip install -r "
-        f"{REQUIREMENTS.name}: torch and the import-time dependencies of "
+        f"{VENV} once (python -m venv, then {REQUIREMENTS.name} by uv or pip: "
+        "torch and the import-time dependencies of "
         "vLLM's modules, ~1.3 GB; or NO_PROOF=1 to apply without the proof)"
     )
     if not python.is_file():
         _step([sys.executable, "-m", "venv", str(VENV)], "python -m venv")
-    say(f"installing {REQUIREMENTS.name} into {VENV} (pip's progress follows)")
-    _step(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "-r",
-            str(REQUIREMENTS),
-        ],
-        "pip install",
+    say(
+        f"installing {REQUIREMENTS.name} into {VENV} (the installer's progress follows)"
     )
+    command, env = installer.command(
+        python, ["-r", str(REQUIREMENTS)], quiet=False, say=say
+    )
+    _step(command, f"installing {REQUIREMENTS.name}", env=env)
     STAMP.touch()
     say(f"{VENV} is ready ({time.monotonic() - start:.0f} s)")
 
 
-def _step(command: list[str], what: str) -> None:
+def _step(command: list[str], what: str, env: dict | None = None) -> None:
     """Run one step of the setup, its output on stderr (apply's stdout is
     its report)."""
     try:
-        done = children.run(command, stdout=sys.stderr, stderr=sys.stderr)
+        done = children.run(command, stdout=sys.stderr, stderr=sys.stderr, env=env)
     except OSError as e:
         raise Refusal(
             f"cannot set up the proof's Python ({what}: {e.strerror}); nothing changed"

@@ -5,11 +5,11 @@ ruff format at the ruff release the tree pins, typos at its pinned release,
 the tree's `tools/pre_commit/*.py` checks (forbidden imports, SPDX headers,
 test tethering, ...), its `language: system` hooks, and mypy through the
 tree's `tools/pre_commit/mypy.py` with the mypy release and plugins the hook
-lists. Their tools are installed once with pip into a virtual environment in
-the cache, keyed by those releases. A hook that needs the network or a tool
-that is not a Python package (clang-format, markdownlint, shellcheck,
-actionlint, cargo) runs only if one of the files is of its kind, and is then
-reported as not run, with the reason.
+lists. Their tools are installed once (common/installer.py: uv, or pip) into
+a virtual environment in the cache, keyed by those releases. A hook that
+needs the network or a tool that is not a Python package (clang-format,
+markdownlint, shellcheck, actionlint, cargo) runs only if one of the files
+is of its kind, and is then reported as not run, with the reason.
 
 Given the tree as it was before the change (`before`), each finding of a
 failing ruff says whose it is: "in lines this change adds", "already in the
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpufakes.common import children, paths
+from xpufakes.common import children, installer, paths
 from xpufakes.common.errors import Refusal
 
 CONFIG = ".pre-commit-config.yaml"
@@ -110,21 +110,10 @@ def _install(home: Path, wanted: list[str]) -> Path:
         return home  # made by another process meanwhile
     if not python.exists():
         venv.create(home, with_pip=True)
-    result = children.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            *wanted,
-        ],
-        capture_output=True,
-        text=True,
-    )
+    command, env = installer.command(python, wanted, quiet=True, say=_quiet)
+    result = children.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        last = (result.stderr.strip().splitlines() or ["the installer failed"])[-1]
         raise Refusal(
             f"cannot install the tree's check tools ({' '.join(wanted)}): {last}"
         )
@@ -132,8 +121,12 @@ def _install(home: Path, wanted: list[str]) -> Path:
     return home
 
 
+def _quiet(line: str) -> None:
+    """The installer's own lines (setting up uv): not part of the report."""
+
+
 def _typos(home: Path, config: str) -> Path | None:
-    """typos at the pinned release, if pip can install it (None if not)."""
+    """typos at the pinned release, if it can be installed (None if not)."""
     release = _pin(config, r"crate-ci/typos\s*\n\s*rev:\s*v?([\w.]+)")
     if not release:
         return None
@@ -148,18 +141,11 @@ def _typos(home: Path, config: str) -> Path | None:
 
 
 def _install_typos(home: Path, release: str, marker: Path) -> None:
-    children.run(
-        [
-            str(home / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            f"typos=={release}",
-        ],
-        capture_output=True,
+    python = home / "bin" / "python"
+    command, env = installer.command(
+        python, [f"typos=={release}"], quiet=True, say=_quiet
     )
+    children.run(command, capture_output=True, env=env)
     marker.write_text("")
 
 
