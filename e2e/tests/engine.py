@@ -42,6 +42,11 @@ ENGINE_ENV = {
     "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc(inspect_worker)
     "VLLM_NO_USAGE_STATS": "1",
+    # 0.14.1's TP=2 workers otherwise poll their message queue in a busy
+    # loop whenever they wait (later releases block after 1 s): an idle
+    # `vllm serve` then takes both cores from everything else (measured: the
+    # model inspection of another worker's engine, 12 s alone, took 154 s)
+    "VLLM_SLEEP_WHEN_IDLE": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
@@ -54,8 +59,30 @@ def timed(what: str, seconds: float, **extra) -> None:
     TIMINGS.append({"what": what, "s": round(seconds, 1), **extra})
 
 
+def worker_cores() -> str | None:
+    """The cores of this pytest-xdist worker, as VLLM_CPU_OMP_THREADS_BIND
+    takes them ("0", or "0,1"): the machine's cores split among the workers.
+    Each engine process of a worker keeps its OpenMP threads on its own
+    cores. With vLLM's automatic binding an engine of 0.14.1 put a thread on
+    each of the 2 cores (its log: "OMP tid: ..., core 0", "..., core 1"), so
+    the engines of the two workers shared both, and OpenMP threads that
+    share a core spin at every parallel region (docs/testing.md). None
+    outside xdist, or with more workers than cores: vLLM's own binding."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    if not worker.startswith("gw") or count < 2 or len(cores) < count:
+        return None
+    share = len(cores) // count
+    index = int(worker[2:])
+    return ",".join(str(c) for c in cores[index * share : (index + 1) * share])
+
+
 def engine_env(tmp: Path, release: str, **extra: str) -> dict:
     env = dict(os.environ, **ENGINE_ENV)
+    cores = worker_cores()
+    if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores  # TP=2 runs give their own
     cache = venvs.cache_dir() / "e2e"
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor" / release)
     # vLLM's own cache (model-class inspection; its compile cache is off)
