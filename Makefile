@@ -128,7 +128,7 @@ e2e-venvs:  ## build (once) the engine venvs of make e2e in the cache directory
 	@$(PYTHON) e2e/venvs.py ensure $(E2E_RELEASES)
 
 e2e: venv e2e-venvs  ## vLLM's engine on its CPU builds, unpatched and patched (e2e/, docs/proof.md)
-	$(PYTEST) e2e/tests $(XDIST) $(ARGS)
+	$(PYTEST) e2e/tests $(XDIST) --durations=15 $(ARGS)
 
 e2e-lock:  ## rewrite e2e/requirements/<release>.txt from the wheels (maintainers; PIN=release)
 	@$(PYTHON) e2e/venvs.py lock $(PIN)
