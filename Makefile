@@ -21,7 +21,7 @@ export XPUFAKES_VLLM
 unexport VLLM
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status fetch fetch-all pins refresh overlay-history export stage verify-xpu audit bench test \
+.PHONY: help apply check revert status plugin fetch fetch-all pins refresh overlay-history export stage verify-xpu audit bench test \
 	test-all test-tree venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
 
 help:  ## list the verbs
@@ -51,6 +51,13 @@ revert:  ## restore the tree as it was before apply ([VLLM=path] [PATCHES=...])
 
 status:  ## base release, series, applied patches, file states ([VLLM=path])
 	@$(TOOL) status $(TREE_ARGS)
+
+# The fix as a vLLM plugin (plugin/, docs/plugin.md): a wheel to `pip install`
+# into the environment of an installed vLLM; nothing of vLLM is edited.
+DIST ?= dist
+
+plugin:  ## build the vLLM plugin wheel: dist/vllm_xpu_fakes-<version>-py3-none-any.whl ([DIST=dir])
+	@$(PYTHON) plugin/vllm_xpu_fakes_build.py "$(DIST)"
 
 fetch: need-pin  ## download, verify and unpack a pinned release (PIN=version)
 	@$(TOOL) fetch "$(PIN)"
@@ -137,5 +144,5 @@ test-tree: need-vllm  ## run the fakes' tests inside a patched vLLM tree (VLLM=p
 	@$(TOOL) test-tree "$$XPUFAKES_VLLM" $(ARGS)
 
 lint: venv  ## ruff on the tool, the tests and the overlay
-	$(VENV)/bin/ruff check scripts tests vllm_overlay e2e
-	$(VENV)/bin/ruff format --check scripts tests vllm_overlay e2e
+	$(VENV)/bin/ruff check scripts tests vllm_overlay e2e plugin
+	$(VENV)/bin/ruff format --check scripts tests vllm_overlay e2e plugin

@@ -1,5 +1,6 @@
 """The code is ruff-clean: the tool and tests with the project's rules
-(ruff.toml), the files shipped into vLLM with vLLM's (vllm_overlay/ruff.toml)."""
+(ruff.toml), the files shipped into vLLM with vLLM's (vllm_overlay/ruff.toml),
+the plugin for the Pythons vLLM runs on (plugin/ruff.toml)."""
 
 import subprocess
 import sys
@@ -21,6 +22,7 @@ def test_ruff(command):
             "scripts",
             "tests",
             "vllm_overlay",
+            "plugin",
         ],
         cwd=paths.REPO,
         capture_output=True,

@@ -110,6 +110,19 @@ def _setup(tree: Path, standins: str) -> list:
     return kept
 
 
+def _run_plugin(directory: str) -> dict:
+    """The vllm_xpu_fakes plugin's register(), as vLLM's load_general_plugins
+    runs it in a worker (after the platform and the kernels exist, before
+    the model is built); what it did."""
+    sys.path.insert(0, str(Path(directory).resolve()))
+    import vllm_xpu_fakes
+
+    if not Path(vllm_xpu_fakes.__file__).is_relative_to(Path(directory).resolve()):
+        raise RuntimeError(f"vllm_xpu_fakes came from {vllm_xpu_fakes.__file__}")
+    vllm_xpu_fakes.register()
+    return vllm_xpu_fakes.state()
+
+
 def _imports_xpu_kernels(tree: Path) -> bool:
     """Whether the tree's XPU platform imports vllm_xpu_kernels' native
     modules at start-up (intel/llm-scaler 0a85564, an IPEX-era tree,
@@ -505,12 +518,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out")
     parser.add_argument("--standins", required=True)
     parser.add_argument("--configurations", default=",".join(model_data.CONFIGURATIONS))
+    parser.add_argument(
+        "--plugin",
+        default="",
+        help="a directory holding the installed vllm_xpu_fakes plugin: its "
+        "register() runs after the stand-ins, as vLLM runs it at start-up",
+    )
     args = parser.parse_args(argv)
     tree = Path(args.tree).resolve()
     model = model_data.load()[args.model]
     chosen = model_data.configurations(args.configurations)
     start = time.monotonic()
     kept = _setup(tree, args.standins)
+    plugin = _run_plugin(args.plugin) if args.plugin else None
     imported = time.monotonic() - start
     results = []
     with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
@@ -525,6 +545,7 @@ def main(argv: list[str]) -> int:
                 "what": model.what,
                 "standins": args.standins,
                 "setup_seconds": round(imported, 1),
+                **({"plugin": plugin} if plugin is not None else {}),
                 "configurations": results,
             },
             indent=2,

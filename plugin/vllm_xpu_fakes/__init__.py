@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""vllm-xpu-fakes: torch.compile for Intel XPU quantized models in vLLM,
+as a vLLM plugin.
+
+vLLM loads its ``vllm.general_plugins`` entry points in every process it
+starts (the engine core, each worker, the API server) before a model is
+built, and calls ``register()``. It makes the same fix the patch series
+makes to vLLM's files, in memory, from the same modules (``plugin.py`` says
+what and how). It never raises: a failure is logged and vLLM runs as it
+would without the plugin.
+"""
+
+import logging
+
+# Under vLLM's logger, so that its handler and format apply.
+logger = logging.getLogger("vllm.vllm_xpu_fakes")
+
+
+def register() -> None:
+    """The entry point (``vllm.general_plugins``); idempotent."""
+    try:
+        import sys
+
+        from vllm_xpu_fakes import plugin
+
+        plugin.register(caller=sys._getframe(1).f_code.co_name)
+    except Exception as e:  # noqa: BLE001 - never stop vLLM's start-up
+        logger.warning(
+            "vllm-xpu-fakes: register() failed (%s: %s); vLLM runs without "
+            "the plugin's fix",
+            type(e).__name__,
+            e,
+        )
+
+
+def state() -> dict:
+    """What register() did in this process (see plugin.state)."""
+    from vllm_xpu_fakes import plugin
+
+    return plugin.state()

@@ -1,0 +1,187 @@
+"""The build backend of the vllm-xpu-fakes plugin (PEP 517), standard library
+only: `pip install ./plugin` and `make plugin` build the same wheel, offline.
+
+The package is this directory's `vllm_xpu_fakes/` plus the overlay's modules
+(`../vllm_overlay/vllm/<module>.py`, the files the series adds to vLLM),
+shipped as they are except for the one import that names the package they
+live in (`from vllm._xpu_gemm_fakes import` becomes `from
+vllm_xpu_fakes._xpu_gemm_fakes import`): one source for both ways in.
+`tests/test_plugin.py` checks that the two cannot differ. An sdist carries
+the shipped copies, so a wheel built from it is the same.
+
+The wheel is reproducible: fixed timestamps and modes, files in order.
+"""
+
+import base64
+import hashlib
+import io
+import os
+import re
+import tarfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PACKAGE = "vllm_xpu_fakes"
+OVERLAY = HERE.parent / "vllm_overlay" / "vllm"
+# The overlay's modules the plugin ships, and the import each may contain
+# that names the vLLM package they are installed in.
+SHIPPED = ("_xpu_gemm_fakes.py", "_ipex_woq_linear.py", "_xpu_opaque_calls.py")
+OVERLAY_IMPORT = "from vllm._xpu_gemm_fakes import "
+PLUGIN_IMPORT = f"from {PACKAGE}._xpu_gemm_fakes import "
+DATE = (1980, 1, 1, 0, 0, 0)  # the earliest a zip file can say
+
+
+def _sections() -> dict[str, dict[str, str]]:
+    """pyproject.toml as {section: {key: value}}: the subset of TOML it
+    uses (`key = "string"` lines under section headers), so that a Python
+    without tomllib (3.10) builds the plugin too."""
+    section, found = "", {}
+    for line in (HERE / "pyproject.toml").read_text().splitlines():
+        line = line.strip()
+        header = re.fullmatch(r"\[(.+)\]", line)
+        if header:
+            section = header.group(1).replace('"', "")
+            found[section] = {}
+            continue
+        pair = re.fullmatch(r'([\w.-]+)\s*=\s*"([^"]*)"', line)
+        if pair and section:
+            found[section][pair.group(1)] = pair.group(2)
+    return found
+
+
+def project() -> dict:
+    """[project], and its entry points by group."""
+    sections = _sections()
+    prefix = "project.entry-points."
+    meta = dict(sections["project"])
+    meta["entry_points"] = {
+        name.removeprefix(prefix): points
+        for name, points in sections.items()
+        if name.startswith(prefix)
+    }
+    return meta
+
+
+def shipped(name: str) -> bytes:
+    """An overlay module as the plugin ships it (from the checkout, or from
+    the package itself when building from an sdist)."""
+    source = OVERLAY / name
+    if not source.is_file():
+        return (HERE / PACKAGE / name).read_bytes()
+    return source.read_text().replace(OVERLAY_IMPORT, PLUGIN_IMPORT).encode()
+
+
+def package_files() -> dict[str, bytes]:
+    """The package's files by path in the wheel, sorted."""
+    files = {}
+    for path in sorted((HERE / PACKAGE).glob("*.py")):
+        if path.name not in SHIPPED:
+            files[f"{PACKAGE}/{path.name}"] = path.read_bytes()
+    for name in SHIPPED:
+        files[f"{PACKAGE}/{name}"] = shipped(name)
+    return dict(sorted(files.items()))
+
+
+def _dist_info(meta: dict) -> str:
+    return f"{PACKAGE}-{meta['version']}.dist-info"
+
+
+def metadata_files(meta: dict) -> dict[str, bytes]:
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {meta['name']}",
+        f"Version: {meta['version']}",
+        f"Summary: {meta['description']}",
+        f"License: {meta['license']}",
+        f"Requires-Python: {meta['requires-python']}",
+    ]
+    entry_points = []
+    for group, points in meta["entry_points"].items():
+        entry_points += [f"[{group}]", *(f"{k} = {v}" for k, v in points.items())]
+    info = _dist_info(meta)
+    return {
+        f"{info}/METADATA": ("\n".join(lines) + "\n").encode(),
+        f"{info}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: vllm_xpu_fakes_build\n"
+            b"Root-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+        f"{info}/entry_points.txt": ("\n".join(entry_points) + "\n").encode(),
+    }
+
+
+def _record_hash(data: bytes) -> str:
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _zip_info(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, DATE)
+    info.external_attr = 0o644 << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def wheel_name(meta: dict | None = None) -> str:
+    meta = meta or project()
+    return f"{PACKAGE}-{meta['version']}-py3-none-any.whl"
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    meta = project()
+    files = package_files() | metadata_files(meta)
+    record = f"{_dist_info(meta)}/RECORD"
+    rows = [f"{name},{_record_hash(data)},{len(data)}" for name, data in files.items()]
+    files[record] = ("\n".join([*rows, f"{record},,"]) + "\n").encode()
+    target = Path(wheel_directory) / wheel_name(meta)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(partial, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(_zip_info(name), data)
+    os.replace(partial, target)
+    return target.name
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    meta = project()
+    for name, data in metadata_files(meta).items():
+        path = Path(metadata_directory) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return _dist_info(meta)
+
+
+def build_sdist(sdist_directory, config_settings=None):
+    meta = project()
+    base = f"{PACKAGE}-{meta['version']}"
+    files = {
+        "pyproject.toml": (HERE / "pyproject.toml").read_bytes(),
+        "vllm_xpu_fakes_build.py": Path(__file__).read_bytes(),
+        **package_files(),
+    }
+    pkg_info = metadata_files(meta)[f"{_dist_info(meta)}/METADATA"]
+    files["PKG-INFO"] = pkg_info
+    target = Path(sdist_directory) / f"{base}.tar.gz"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(target, "w:gz", format=tarfile.PAX_FORMAT) as sdist:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"{base}/{name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            sdist.addfile(info, io.BytesIO(data))
+    return target.name
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def get_requires_for_build_sdist(config_settings=None):
+    return []
+
+
+if __name__ == "__main__":  # make plugin: python3 plugin/vllm_xpu_fakes_build.py DIR
+    import sys
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "dist")
+    print(out / build_wheel(out))
