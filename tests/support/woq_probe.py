@@ -14,12 +14,15 @@ imported once; Dynamo is reset before each compile); OUT.json maps each
 "METHOD:ENGINE" to its result. vLLM's files come from TREE; only
 intel_extension_for_pytorch, which cannot exist on a CPU, is a stand-in (its
 WOQ module is the reference one, whose forward dispatches to the torch_ipex
-ops as IPEX's XPU forward does).
+ops as IPEX's XPU forward does). With XPUFAKES_PROBE_PLUGIN=<dir>, the vLLM
+plugin installed there registers first (VLLM_XPU_FAKES_ANY_PLATFORM=1 lets
+it act on this CPU).
 """
 
 import importlib.util
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -119,6 +122,12 @@ def main(tree: str, out: str, *cases: str) -> None:
     reference = load_reference()
     library = reference.define_torch_ipex_woq_kernels()  # noqa: F841
     stub_ipex(reference)
+    plugin = os.environ.get("XPUFAKES_PROBE_PLUGIN")
+    if plugin:  # the installed vLLM plugin (plugin/), as vLLM loads it
+        sys.path.insert(0, plugin)
+        import vllm_xpu_fakes
+
+        vllm_xpu_fakes.register()
     results = {}
     for case in cases:
         method, engine = case.split(":")

@@ -524,16 +524,25 @@ def main(argv: list[str]) -> int:
         help="a directory holding the installed vllm_xpu_fakes plugin: its "
         "register() runs after the stand-ins, as vLLM runs it at start-up",
     )
+    parser.add_argument(
+        "--without-plugin-first",
+        action="store_true",
+        help="with --plugin: trace each configuration before the plugin's "
+        "register() too (the result's without_plugin)",
+    )
     args = parser.parse_args(argv)
     tree = Path(args.tree).resolve()
     model = model_data.load()[args.model]
     chosen = model_data.configurations(args.configurations)
     start = time.monotonic()
     kept = _setup(tree, args.standins)
-    plugin = _run_plugin(args.plugin) if args.plugin else None
     imported = time.monotonic() - start
-    results = []
+    results, plugin, without = [], None, None
     with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
+        if args.plugin and args.without_plugin_first:
+            without = [trace_one(model, c, Path(work), tree) for c in chosen]
+        if args.plugin:
+            plugin = _run_plugin(args.plugin)
         for configuration in chosen:
             results.append(trace_one(model, configuration, Path(work), tree))
     del kept
@@ -546,6 +555,7 @@ def main(argv: list[str]) -> int:
                 "standins": args.standins,
                 "setup_seconds": round(imported, 1),
                 **({"plugin": plugin} if plugin is not None else {}),
+                **({"without_plugin": without} if without is not None else {}),
                 "configurations": results,
             },
             indent=2,

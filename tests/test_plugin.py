@@ -1,0 +1,468 @@
+"""The fix as a vLLM plugin (plugin/, `make plugin`): its wheel, one source
+with the series' overlay, pip install and uninstall, and register() in a
+process that has loaded a release's own files against the stand-in kernels.
+
+Each runtime test loads the release's unpatched file (vllm/_xpu_ops.py or
+vllm/_ipex_ops.py) in a forked process (registrations are process-global)
+and checks the same thing before and after the plugin's register(): the
+unpatched release is each test's negative control. The plugin is the wheel
+`make plugin` builds, unpacked as pip installs it. The whole model with the
+plugin: tests/test_model_trace.py; vLLM's engine with it: make e2e.
+"""
+
+import base64
+import contextlib
+import hashlib
+import logging
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from support import grid, releases, standins
+from support import plugin as plugin_support
+from xpufakes.common import paths
+from xpufakes.proof import loading, verify
+
+OVERLAY = paths.REPO / "vllm_overlay" / "vllm"
+PACKAGE = plugin_support.PACKAGE
+REWRITE = (
+    "from vllm._xpu_gemm_fakes import ",
+    f"from {PACKAGE}._xpu_gemm_fakes import ",
+)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The plugin's wheel, unpacked as pip installs it."""
+    return plugin_support.installed(tmp_path_factory.mktemp("plugin"))
+
+
+# ---------------------------------------------------------------------------
+# The wheel
+# ---------------------------------------------------------------------------
+
+
+def _members(wheel: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(wheel) as files:
+        return {name: files.read(name) for name in files.namelist()}
+
+
+def test_make_plugin_writes_a_reproducible_pure_python_wheel(tmp_path):
+    wheel = plugin_support.build(tmp_path / "a")
+    again = plugin_support.build(tmp_path / "b")
+    assert wheel.read_bytes() == again.read_bytes()
+    members = _members(wheel)
+    info = next(n.split("/")[0] for n in members if n.endswith(".dist-info/WHEEL"))
+    assert "Tag: py3-none-any" in members[f"{info}/WHEEL"].decode()
+    assert "Root-Is-Purelib: true" in members[f"{info}/WHEEL"].decode()
+    meta = members[f"{info}/METADATA"].decode()
+    assert "Name: vllm-xpu-fakes" in meta and "Requires-Dist" not in meta
+    assert members[f"{info}/entry_points.txt"].decode().splitlines() == [
+        "[vllm.general_plugins]",
+        "xpu_fakes = vllm_xpu_fakes:register",
+    ]
+    # RECORD lists every other member with its hash and size
+    rows = members[f"{info}/RECORD"].decode().splitlines()
+    listed = {row.split(",")[0]: row for row in rows}
+    assert set(listed) == set(members)
+    for name, data in members.items():
+        if name != f"{info}/RECORD":
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+            hashed = digest.rstrip(b"=").decode()
+            assert listed[name] == f"{name},sha256={hashed},{len(data)}"
+    assert all(
+        n.endswith((".py", ".txt", "RECORD", "METADATA", "WHEEL")) for n in members
+    )
+
+
+def overlay_differences(wheel: Path, overlay: Path) -> list[str]:
+    """How the wheel's copies of the overlay's modules differ from the
+    overlay, beyond the one import that names the package they are in."""
+    members = _members(wheel)
+    found = []
+    for module in sorted(overlay.glob("*.py")):
+        shipped = members.get(f"{PACKAGE}/{module.name}")
+        if shipped is None:
+            found.append(f"{module.name}: not shipped")
+            continue
+        expected = module.read_text().replace(*REWRITE)
+        if shipped.decode() != expected:
+            found.append(f"{module.name}: differs")
+        if "from vllm._" in shipped.decode() or "import vllm._" in shipped.decode():
+            found.append(f"{module.name}: imports an overlay module from vllm")
+    return found
+
+
+def test_the_plugin_ships_the_series_overlay_modules(tmp_path):
+    """One source: every module the series adds to vllm/ is in the plugin,
+    byte for byte but for the import of its own package's fakes. Negative
+    controls: a module the plugin does not ship, and a shipped copy edited."""
+    wheel = plugin_support.build(tmp_path / "dist")
+    assert overlay_differences(wheel, OVERLAY) == []
+    assert sum(REWRITE[0] in p.read_text() for p in OVERLAY.glob("*.py")) == 1
+    # a new overlay module that the build does not ship
+    more = tmp_path / "overlay"
+    more.mkdir()
+    for module in OVERLAY.glob("*.py"):
+        (more / module.name).write_bytes(module.read_bytes())
+    (more / "_xpu_new_fakes.py").write_text("x = 1\n")
+    assert overlay_differences(wheel, more) == ["_xpu_new_fakes.py: not shipped"]
+    # a shipped copy that is not the overlay's
+    members = _members(wheel)
+    name = f"{PACKAGE}/_xpu_gemm_fakes.py"
+    edited = tmp_path / "edited.whl"
+    with zipfile.ZipFile(edited, "w") as files:
+        for member, data in members.items():
+            files.writestr(member, data + b"# edited\n" if member == name else data)
+    assert overlay_differences(edited, OVERLAY) == ["_xpu_gemm_fakes.py: differs"]
+
+
+def _site_files(venv: Path) -> set[str]:
+    (lib,) = (venv / "lib").glob("python*/site-packages")
+    return {
+        str(p.relative_to(lib))
+        for p in lib.rglob("*")
+        if "__pycache__" not in p.parts and p.is_file()
+    }
+
+
+def test_pip_installs_the_directory_offline_and_uninstall_leaves_nothing(tmp_path):
+    """`pip install ./plugin` (the build backend, nothing downloaded:
+    --no-index) gives the wheel of `make plugin`; vLLM finds the entry
+    point; `pip uninstall` removes every file it installed."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--no-cache-dir"]
+    before = _site_files(venv)
+    done = subprocess.run(
+        [*pip, "install", "--no-index", str(paths.REPO / "plugin")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    added = _site_files(venv) - before
+    wheel = plugin_support.build(tmp_path / "dist")
+    expected = {n for n in _members(wheel)}
+    info = next(n.split("/")[0] for n in expected if n.endswith("/WHEEL"))
+    # pip adds its own bookkeeping to the .dist-info
+    assert {a for a in added if not a.startswith(info)} == {
+        e for e in expected if not e.startswith(info)
+    }
+    found = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "from importlib.metadata import entry_points;"
+            "print([e.value for e in entry_points(group='vllm.general_plugins')])",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert found.stdout.strip() == "['vllm_xpu_fakes:register']", found
+    assert not (paths.REPO / "plugin" / "build").exists()  # the checkout untouched
+    done = subprocess.run([*pip, "uninstall", "-y", "vllm-xpu-fakes"], check=True)
+    assert _site_files(venv) == before
+
+
+# ---------------------------------------------------------------------------
+# register() on the releases' own files (forked: registrations are global)
+# ---------------------------------------------------------------------------
+
+
+def _load_release(tree: Path, release: str) -> list:
+    """The stand-in kernels, IPEX's stand-in, then the release's registering
+    module, as vLLM imports it on an XPU; the libraries to keep."""
+    sys.dont_write_bytecode = True
+    libraries = standins.define_standins(release)
+    if releases.era(release) == "ipex":
+        loading.standins.install_ipex()
+    standins.import_vllm_module(tree, release)
+    return libraries
+
+
+def _plugin(site: Path, monkeypatch) -> types.ModuleType:
+    monkeypatch.setenv("VLLM_XPU_FAKES_ANY_PLATFORM", "1")
+    sys.path.insert(0, str(site))
+    import vllm_xpu_fakes
+
+    assert Path(vllm_xpu_fakes.__file__).is_relative_to(site)
+    return vllm_xpu_fakes
+
+
+def _owner(qualname: str) -> str:
+    """The module of the fake registered for an op ('' if none): torch
+    keeps the function it was given inside its own wrappers."""
+    fake = loading.fake_of(qualname)
+    while fake is not None and fake.__module__.startswith("torch."):
+        inner = getattr(fake, "func", None) or next(
+            (
+                c.cell_contents
+                for c in getattr(fake, "__closure__", None) or ()
+                if callable(c.cell_contents)
+            ),
+            None,
+        )
+        if inner is None:
+            break
+        fake = inner
+    return "" if fake is None else fake.__module__
+
+
+@contextlib.contextmanager
+def _logged():
+    """The plugin's log lines (vLLM's logger does not propagate to pytest's
+    capture)."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("vllm.vllm_xpu_fakes")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+WRONG_ON_UNPATCHED = {"3d", "3d-mbk", "row-sliced"}
+BMM = ("vllm::xpu_fp8_bmm", "_xpu_C::fp8_bmm")  # vLLM's op, the GEMM it returns
+
+
+def _wrong_on_unpatched() -> list:
+    """The grid's cases vLLM's own fakes (0.20.0 on) fail: fp8_gemm_w8a16 on
+    3-D, transposed and row-sliced inputs, fp8_gemm with out_dtype None."""
+    return [
+        c
+        for c in grid.cases()
+        if c.namespace == "_xpu_C"
+        and (
+            (c.name == "fp8_gemm_w8a16" and c.params["layout"] in WRONG_ON_UNPATCHED)
+            or (c.name == "fp8_gemm" and c.params.get("out_dtype", 0) is None)
+        )
+    ]
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("kernels", ["0.32.0", "0.33.0"])
+def test_kernels_era_plugin_replaces_vllms_wrong_fakes(kernels, site, monkeypatch):
+    """vLLM's own fakes, registered when its _xpu_ops.py is imported, fail
+    the grid's 3-D, strided and out_dtype=None cases; after register() every
+    case passes and every fake, vllm::xpu_fp8_bmm's included, is the
+    plugin's."""
+    release = kernels
+    libraries = _load_release(releases.pristine(release), release)  # noqa: F841
+    wrong = _wrong_on_unpatched()
+    failed = grid.failures(grid.run(wrong))
+    assert wrong and all(c.id in failed for c in wrong), failed
+    assert any("dtype" in why.lower() for why in failed.values()), failed
+    bmm_before: dict = {}
+    verify._check_wrapper(
+        bmm_before, "vllm::xpu_fp8_bmm", "_xpu_C::fp8_bmm", "cpu", False
+    )
+    if release == "0.33.0":
+        assert bmm_before["vllm::xpu_fp8_bmm"].failed > 0
+
+    plugin = _plugin(site, monkeypatch)
+    plugin.register()
+    assert grid.failures(grid.run()) == {}
+    state = plugin.state()
+    assert state["differs"] == [], state
+    for qualname in state["registered"]:
+        assert _owner(qualname) == f"{PACKAGE}._xpu_gemm_fakes", qualname
+    assert "_xpu_C::fp8_gemm_w8a16" in state["registered"]
+    bmm_after: dict = {}
+    verify._check_wrapper(
+        bmm_after, "vllm::xpu_fp8_bmm", "_xpu_C::fp8_bmm", "cpu", False
+    )
+    if release == "0.33.0":
+        assert "vllm::xpu_fp8_bmm" in state["registered"]
+        result = bmm_after["vllm::xpu_fp8_bmm"]
+        assert result.failed == 0 and result.passed > 0, result.failures
+
+
+@pytest.mark.forked
+def test_plugin_imports_vllms_registering_module_first(site, monkeypatch):
+    """register() in a process that has not imported vllm/_xpu_ops.py yet
+    (the plugin runs before vLLM's XPU code is imported): it imports it
+    first, so the newest registration, the one that wins, is the plugin's."""
+    tree = releases.pristine("0.33.0")
+    libraries = standins.define_standins("0.33.0")  # noqa: F841
+    loading.stub_xpu_kernel_package()
+    sys.path.insert(0, str(tree))
+    assert "vllm._xpu_ops" not in sys.modules
+    plugin = _plugin(site, monkeypatch)
+    plugin.register()
+    assert Path(sys.modules["vllm._xpu_ops"].__file__).is_relative_to(tree)
+    assert _owner("_xpu_C::fp8_gemm_w8a16") == f"{PACKAGE}._xpu_gemm_fakes"
+    assert grid.failures(grid.run(_wrong_on_unpatched())) == {}
+
+
+@pytest.mark.forked
+def test_fakes_registered_before_vllms_lose_on_this_torch(site, monkeypatch):
+    """The negative control of the order: the same fakes registered before
+    vLLM's module is imported (torch 2.13: register_fake overrides by
+    default) leave vLLM's wrong fakes in place."""
+    tree = releases.pristine("0.33.0")
+    libraries = standins.define_standins("0.33.0")  # noqa: F841
+    loading.stub_xpu_kernel_package()
+    sys.path.insert(0, str(site))
+    from vllm_xpu_fakes import _xpu_gemm_fakes
+
+    assert "_xpu_C::fp8_gemm_w8a16" in _xpu_gemm_fakes.register_xpu_gemm_fakes()
+    standins.import_vllm_module(tree, "0.33.0")
+    assert _owner("_xpu_C::fp8_gemm_w8a16") == "vllm._xpu_ops"
+    assert grid.failures(grid.run(_wrong_on_unpatched()))
+
+
+@pytest.mark.forked
+def test_ipex_era_plugin_registers_the_ipex_gemm_fake(site, monkeypatch):
+    """0.14.1 unpatched: torch_ipex::fp8_gemm_w8a16 has no fake (the
+    report's error); after register() its fake is the plugin's and passes
+    the grid, IPEX's WOQ linear modules are wrapped, IPEX's untraceable
+    APIs are rebound. A second register() does nothing new and logs nothing."""
+    libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")  # noqa: F841
+    assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
+    plugin = _plugin(site, monkeypatch)
+    with _logged() as first:
+        plugin.register()
+    with _logged() as second:
+        plugin.register()
+    state = plugin.state()
+    assert state["registered"] == ["torch_ipex::fp8_gemm_w8a16.xpu"], state
+    assert _owner("torch_ipex::fp8_gemm_w8a16.xpu") == f"{PACKAGE}._xpu_gemm_fakes"
+    ipex = [c for c in grid.cases() if c.namespace == "torch_ipex"]
+    results = grid.run(ipex)
+    assert results and grid.failures(results) == {}
+    assert "IPEXWeightOnlyQuantizedLinear.from_weight" in state["woq"]
+    assert "intel_extension_for_pytorch.llm.functional.silu_and_mul" in state["rebound"]
+    assert len(first) == 1 and first[0].startswith("vllm-xpu-fakes: fakes registered:")
+    assert second == [] and state["calls"] == 2
+
+
+@pytest.mark.forked
+def test_register_does_nothing_off_xpu_and_never_raises(site, monkeypatch):
+    libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")  # noqa: F841
+    monkeypatch.delenv("VLLM_XPU_FAKES_ANY_PLATFORM", raising=False)
+    sys.path.insert(0, str(site))
+    import vllm_xpu_fakes
+    from vllm_xpu_fakes import plugin
+
+    with _logged() as said:
+        vllm_xpu_fakes.register()
+    assert plugin.state()["skipped"].startswith("the platform is not XPU"), said
+    assert plugin.state()["registered"] == []
+    assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
+    assert said == [f"vllm-xpu-fakes: {plugin.state()['skipped']}: nothing to do"]
+
+    monkeypatch.setenv("VLLM_XPU_FAKES_ANY_PLATFORM", "1")
+
+    def broken():
+        raise RuntimeError("a fault inside register()")
+
+    monkeypatch.setattr(plugin, "_register_fakes", broken)
+    with _logged() as said:
+        vllm_xpu_fakes.register()  # does not raise
+    assert len(said) == 1, said
+    assert "register() failed (RuntimeError: a fault inside register())" in said[0]
+
+
+@pytest.mark.forked
+def test_register_does_nothing_on_a_tree_make_apply_patched(site, monkeypatch):
+    tree = releases.patched("0.14.1")
+    libraries = _load_release(tree, "0.14.1")  # noqa: F841
+    before = loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu")
+    assert _owner("torch_ipex::fp8_gemm_w8a16.xpu") == "vllm._xpu_gemm_fakes"
+    plugin = _plugin(site, monkeypatch)
+    with _logged() as said:
+        plugin.register()
+    assert "patched by make apply" in plugin.state()["skipped"]
+    assert len(said) == 1 and said[0].endswith("nothing to do"), said
+    assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is before
+
+
+COPIES = """
+from intel_extension_for_pytorch.llm.functional import gelu_and_mul, silu_and_mul
+
+
+class Activations:
+    act = silu_and_mul
+
+
+def gelu(x, out, kernel=gelu_and_mul):
+    kernel(x, out)
+"""
+
+
+@pytest.mark.forked
+def test_copies_taken_before_the_plugin_are_rebound_or_reported(
+    site, monkeypatch, tmp_path
+):
+    """`from ... import f` taken before register() (a module global, a class
+    attribute) is rebound, and a call through it traces under fullgraph
+    (it did not before: the negative control);
+    a copy in a default argument cannot be, and the report says so. A
+    callee whose parameters differ from its contract is left alone."""
+    libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
+    libraries.append(loading.standins.define_torch_ipex_ops())
+    (tmp_path / "downstream_copies.py").write_text(COPIES)
+    sys.path.insert(0, str(tmp_path))
+    import downstream_copies as copies
+    import intel_extension_for_pytorch as ipex
+
+    original = ipex.llm.functional.silu_and_mul
+
+    def gelu_quick(x, out, approximate, extra):  # not the contract's (x, out)
+        raise AssertionError("not called")
+
+    ipex.llm.functional.gelu_quick = gelu_quick
+    unfixed = _traced(copies.silu_and_mul)
+    assert "does not support running with fake tensors" in unfixed, unfixed
+    plugin = _plugin(site, monkeypatch)
+    plugin.register()
+    state = plugin.state()
+    assert copies.silu_and_mul is ipex.llm.functional.silu_and_mul
+    assert copies.silu_and_mul is not original
+    assert copies.Activations.act is copies.silu_and_mul
+    assert "downstream_copies.silu_and_mul" in state["copies"]
+    assert "downstream_copies.Activations.act" in state["copies"]
+    assert any(
+        "gelu_and_mul" in what and "default arguments" in what
+        for what in state["not_reached"]
+    ), state["not_reached"]
+    assert ipex.llm.functional.gelu_quick is gelu_quick
+    assert any("gelu_quick does not take" in d for d in state["differs"]), state
+
+    assert "torch.ops.vllm.ipex_silu_and_mul" in _traced(copies.silu_and_mul)
+
+
+def _traced(silu_and_mul) -> str:
+    """The graph Dynamo captures (fullgraph) of a block calling it, or the
+    first line of the error that stopped the trace."""
+    import torch
+
+    captured = []
+
+    def capture(gm, example_inputs):
+        captured.append(gm.code)
+        raise RuntimeError("captured")  # nothing runs: the kernels are XPU-only
+
+    def block(x):
+        out = torch.empty(x.shape[0], x.shape[1] // 2)
+        silu_and_mul(x, out)
+        return out * 2
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(block, fullgraph=True, backend=capture)(torch.randn(4, 16))
+    except Exception as e:  # noqa: BLE001 - the result
+        if captured:
+            return captured[0]
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    raise AssertionError("the backend was not called")
