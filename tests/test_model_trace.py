@@ -36,6 +36,7 @@ import subprocess
 import pytest
 
 from support import downstream, releases, tool
+from support import plugin as plugin_support
 from xpufakes.common import paths
 from xpufakes.proof import audit, modelproof
 from xpufakes.trees import tree
@@ -49,11 +50,14 @@ pytestmark = pytest.mark.skipif(
 MODEL = "qwen3_vl_moe"
 
 
-def trace(root, tmp_path, model: str = MODEL) -> dict[str, dict]:
+def trace(root, tmp_path, model: str = MODEL, plugin=None) -> dict[str, dict]:
     """configuration -> modeltrace's result for it. (Nothing is written to
-    the tree: the cached trees of the releases are shared.)"""
+    the tree: the cached trees of the releases are shared.) With `plugin`
+    (the directory it is installed in): the results without it, then with
+    its register(), in one process; 'without plugin' and 'plugin' keys."""
     out = tmp_path / "model.json"
     kernels = audit.kernels_of(tree.locate(str(root)))
+    extra = ["--plugin", str(plugin), "--without-plugin-first"] if plugin else []
     done = subprocess.run(
         [
             str(TREE_PYTHON),
@@ -63,7 +67,7 @@ def trace(root, tmp_path, model: str = MODEL) -> dict[str, dict]:
             model,
             str(out),
         ]
-        + ["--standins", kernels, "--configurations", "default,sp"],
+        + ["--standins", kernels, "--configurations", "default,sp", *extra],
         capture_output=True,
         text=True,
         timeout=900,
@@ -72,7 +76,13 @@ def trace(root, tmp_path, model: str = MODEL) -> dict[str, dict]:
     assert done.returncode == 0 and out.is_file(), done.stderr[-3000:]
     found = json.loads(out.read_text())
     assert found["model"] == model
-    return {c["configuration"]: c for c in found["configurations"]}
+    results = {c["configuration"]: c for c in found["configurations"]}
+    if plugin:
+        results["plugin"] = found["plugin"]
+        results["without plugin"] = {
+            c["configuration"]: c for c in found["without_plugin"]
+        }
+    return results
 
 
 def audited(root) -> tuple[int, dict]:
@@ -259,3 +269,59 @@ def test_plain_release_full_fix_traces_with_and_without_sequence_parallelism(
         "default: traced whole, 1 graph(s), 0 graph break(s); "
         "sp: traced whole, 1 graph(s), 0 graph break(s)"
     )
+
+
+# The vLLM plugin (plugin/, issue: a running image fixed by `pip install`):
+# the same unpatched trees, each model traced in one process first without
+# the plugin (the report's errors: the negative control) and then after its
+# register(), as vLLM runs it in a worker before the model is built.
+
+TREES = {"b6-like": lambda path: downstream.b6_like(path), PLAIN: None}
+# the kernel calls each tree's model runs as custom ops: the b6-like tree's
+# pybind11 norms and rotary embedding (MRoPE: Qwen3-VL-MoE), 0.14.1's
+# CompositeImplicitAutograd norms of IPEX (sequence parallelism)
+PLUGIN_OPS = {
+    ("b6-like", MODEL, "default"): {"vllm::xpu_c_rotary_embedding (writes carried)"},
+    ("b6-like", MODEL, "sp"): IMAGE_KERNELS["sp"],
+    ("b6-like", "qwen3_moe", "default"): set(),
+    ("b6-like", "qwen3_moe", "sp"): IMAGE_KERNELS["sp"]
+    - {"vllm::xpu_c_rotary_embedding (writes carried)"},
+    (PLAIN, MODEL, "default"): set(),
+    (PLAIN, MODEL, "sp"): {
+        "vllm::ipex_rms_norm_vllm (writes carried)",
+        "vllm::ipex_fused_add_rms_norm_vllm (writes carried)",
+    },
+    (PLAIN, "qwen3_moe", "default"): set(),
+}
+PLUGIN_OPS[(PLAIN, "qwen3_moe", "sp")] = PLUGIN_OPS[(PLAIN, MODEL, "sp")]
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory):
+    return plugin_support.installed(tmp_path_factory.mktemp("plugin"))
+
+
+@pytest.mark.parametrize("model", [MODEL, "qwen3_moe"])
+@pytest.mark.parametrize("which", list(TREES))
+def test_plugin_traces_the_unpatched_tree_whole(which, model, plugin_site, tmp_path):
+    make = TREES[which]
+    root = releases.pristine(PLAIN) if make is None else make(tmp_path / "tree")
+    results = trace(root, tmp_path, model, plugin=plugin_site)
+    without = results["without plugin"]
+    default, sp = without["default"], without["sp"]
+    assert default["error"] == NO_FAKE, default
+    assert "unsupported operator: torch_ipex.fp8_gemm_w8a16" in default["message"]
+    assert default["where"][-1].endswith(" apply"), default["where"]
+    assert sp["result"] == "failed" and sp["graphs"] == 0, sp
+    assert sp["where"][-2].startswith("vllm/model_executor/layers/layernorm.py:")
+    state = results["plugin"]
+    assert state["registered"] == ["torch_ipex::fp8_gemm_w8a16.xpu"], state
+    assert state["not_reached"] == [] and state["differs"] == [], state
+    for configuration in ("default", "sp"):
+        result = results[configuration]
+        if model == MODEL:
+            on_the_xpu_paths(result)
+        assert result["result"] == "traced", result
+        assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
+        expected = OPAQUE | PLUGIN_OPS[(which, model, configuration)]
+        assert set(result["ops"]) == expected, result

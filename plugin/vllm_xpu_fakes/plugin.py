@@ -411,7 +411,7 @@ def _rebind_untraceable_calls() -> None:
         return
     from vllm_xpu_fakes import _xpu_opaque_calls as opaque
 
-    rebound: dict[int, tuple[object, Callable]] = {}
+    rebound: dict[int, tuple[object, Callable, str]] = {}
     for name, (op_name, params, _mutates, _returns) in contracts.items():
         owner, attribute, original = _live(name)
         if not _fits(original, params):
@@ -420,7 +420,7 @@ def _rebind_untraceable_calls() -> None:
         opaque._callees[name] = original  # the op's implementation calls it
         wrapper = _wrapper(op_name, original, params)
         setattr(owner, attribute, wrapper)
-        rebound[id(original)] = (original, wrapper)
+        rebound[id(original)] = (original, wrapper, name)
         _STATE["rebound"].append(name)
     del original
     if rebound:
@@ -432,7 +432,7 @@ def _is_new(live) -> bool:
     return live is not None and getattr(live[2], MARK, None) is None
 
 
-def _sweep(rebound: dict[int, tuple[object, Callable]]) -> None:
+def _sweep(rebound: dict[int, tuple[object, Callable, str]]) -> None:
     """Rebind the copies of the callees (`from x import f` taken before the
     plugin ran) in the globals of every loaded module and in their classes;
     then say what still holds an original (a default argument, a closure,
@@ -464,25 +464,43 @@ def _sweep_class(cls: type, rebound) -> None:
 
 
 def _find_unreached(rebound) -> None:
-    from torch._ops import OpOverload
-
+    """What still holds an original after the sweep (one pass over the
+    objects the garbage collector tracks): each holder vLLM or a downstream
+    can call through, said in `not_reached`. torch's own bookkeeping of an
+    op (its overloads, a trace's nodes) is not a call site."""
     from vllm_xpu_fakes import _xpu_opaque_calls as opaque
 
     originals = tuple(entry[0] for entry in rebound.values())
     ours = {id(opaque._callees), id(originals), id(rebound), id(sys._getframe())}
     ours |= {id(entry) for entry in rebound.values()}
-    for _, wrapper in rebound.values():
+    for _, wrapper, _ in rebound.values():
         call = getattr(wrapper, "_call", wrapper)  # a _ReboundOp's function
         ours |= {id(wrapper.__dict__), id(call.__dict__)}
         ours |= {id(cell) for cell in call.__closure__ or ()}
-    for holder in gc.get_referrers(*originals):
-        if id(holder) in ours or isinstance(holder, types.FrameType | OpOverload):
-            continue  # (an op's overload knows its packet: not a call site)
-        if isinstance(holder, dict) and _is_module_dict(holder):
-            continue  # a callee's own module keeps its name for the original
-        what = _describe(holder, originals)
-        if what not in _STATE["not_reached"]:
-            _STATE["not_reached"].append(what)
+    holders = [
+        h
+        for h in gc.get_referrers(*originals)
+        if id(h) not in ours
+        and not isinstance(h, types.FrameType)
+        and not _is_torchs(h)
+        and not (isinstance(h, dict) and _is_module_dict(h))
+    ]
+    for holder in holders[:MAX_HOLDERS]:
+        where = _where_held(holder)
+        if where:
+            names = [n for o, _, n in rebound.values() if _holds(holder, o)]
+            what = f"{', '.join(names) or '?'} in {where}"
+            if what not in _STATE["not_reached"]:
+                _STATE["not_reached"].append(what)
+    if len(holders) > MAX_HOLDERS:
+        _STATE["not_reached"].append(f"{len(holders) - MAX_HOLDERS} more holders")
+
+
+MAX_HOLDERS = 20  # holders described (each costs a pass over the objects)
+
+
+def _is_torchs(obj) -> bool:
+    return (type(obj).__module__ or "").startswith("torch")
 
 
 def _is_module_dict(holder: dict) -> bool:
@@ -491,31 +509,37 @@ def _is_module_dict(holder: dict) -> bool:
     return getattr(module, "__dict__", None) is holder
 
 
-# What holds a copy the sweep cannot rebind, as the report says it.
-_HOLDERS = {
-    "tuple": "a tuple (a function's default arguments?)",
-    "cell": "a closure",
-    "dict": "an object's attributes or a dict",
-    "list": "a list",
-    "method": "a bound method",
-    "functools.partial": "a functools.partial",
-}
-
-
-def _describe(holder, originals) -> str:
-    held = next(
-        (getattr(o, "__name__", "?") for o in originals if _holds(holder, o)), "?"
-    )
+def _where_held(holder) -> str:
+    """Where a holder of an original is, as a reader finds it: a default
+    argument or a closure of a function, an object's attribute, a container
+    in a module's global; '' for what nothing reachable holds (garbage of
+    a finished trace) or torch holds."""
     kind = type(holder).__name__
-    return f"a copy of {held} in {_HOLDERS.get(kind, 'a ' + kind)}"
+    if kind in ("method", "partial"):
+        return f"a {kind}"
+    for referrer in gc.get_referrers(holder):
+        if isinstance(referrer, types.FunctionType):
+            function = f"{referrer.__module__}.{referrer.__qualname__}"
+            if referrer.__defaults__ is holder or referrer.__kwdefaults__ is holder:
+                return f"a default argument of {function}"
+            if holder in (referrer.__closure__ or ()):
+                return f"a closure of {function}"
+        elif isinstance(referrer, dict) and _is_module_dict(referrer):
+            key = next((k for k, v in referrer.items() if v is holder), "?")
+            return f"a {kind} in {referrer['__name__']}.{key}"
+        elif getattr(referrer, "__dict__", None) is holder and not _is_torchs(referrer):
+            return f"an attribute of a {type(referrer).__qualname__} object"
+    return ""
 
 
 def _holds(holder, value) -> bool:
     try:
         if isinstance(holder, dict):
             return any(v is value for v in holder.values())
-        if isinstance(holder, (list, tuple)):
+        if isinstance(holder, list | tuple | set | frozenset):
             return any(v is value for v in holder)
-    except Exception:  # noqa: BLE001
+        if type(holder).__name__ == "cell":
+            return holder.cell_contents is value
+    except Exception:  # noqa: BLE001 - cannot tell
         return False
     return True
