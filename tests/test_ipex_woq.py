@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support import plugin as plugin_support
 from support import releases, standins
 from xpufakes.common import paths
 from xpufakes.proof import loading
@@ -32,15 +33,19 @@ EXPECTED_OPS = {
 }
 
 
-def _probe(tree: Path, cases: list[str], out: Path) -> dict:
+def _probe(tree: Path, cases: list[str], out: Path, plugin: Path | None = None) -> dict:
     """{"METHOD:ENGINE": result} of support/woq_probe.py's cases on a tree
-    (one process: the tree is imported once)."""
+    (one process: the tree is imported once); `plugin`: the directory the
+    vLLM plugin is installed in, registered first."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    if plugin:
+        env.update(XPUFAKES_PROBE_PLUGIN=str(plugin), VLLM_XPU_FAKES_ANY_PLATFORM="1")
     done = subprocess.run(
         [str(TREE_PYTHON), str(PROBE), str(tree), str(out), *cases],
         capture_output=True,
         text=True,
         timeout=1800,
-        env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+        env=env,
     )
     assert out.is_file(), done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -105,6 +110,28 @@ def test_vllm_apply_reaches_the_woq_ops_and_compiles_only_patched(
     assert patched["module"] == "IPEXWoqLinearOp"
     assert patched["ops_met"] == EXPECTED_OPS[engine]
     assert patched["compile"] == "ok", patched["compile"]
+
+
+@needs_tree_python
+def test_the_plugin_compiles_every_int4_path_of_the_unpatched_release(
+    woq_probes, tmp_path
+):
+    """The vLLM plugin on unpatched 0.14.1: vLLM's own AWQ / GPTQ / wNa16
+    apply() reach IPEX's WOQ ops through the wrapped module and compile
+    (the unpatched release without it: the test above, "Cannot access data
+    pointer")."""
+    site = plugin_support.installed(tmp_path / "plugin")
+    release = "0.14.1"
+    found = _probe(
+        releases.pristine(release), _paths_of(release), tmp_path / "out.json", site
+    )
+    unpatched = woq_probes(release, "pristine")
+    for case, result in found.items():
+        assert "Cannot access data pointer" in unpatched[case]["compile"], case
+        assert result["module"] == "IPEXWoqLinearOp", (case, result)
+        assert result["ops_met"] == EXPECTED_OPS[case.split(":")[1]], result
+        assert result["compile"] == "ok", (case, result["compile"])
+    assert len(found) == len(PATHS)
 
 
 def _load(release: str):
