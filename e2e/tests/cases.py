@@ -132,6 +132,10 @@ RECIPE = {"0.14.1": "gptq", "0.27.1": "mxfp4"}
 # vllm serve, one per era (the report's case in the IPEX era).
 SERVE = {"0.14.1": "fp8", "0.32.0": "fp8-w8a16"}
 
+# vllm serve with TP=2 in the unpatched venv with this project's vLLM plugin
+# installed (the report's case: what its user runs, fixed by pip install).
+PLUGIN_SERVE = {"0.14.1": "fp8"}
+
 # The LLM run vllm serve (TP=2) is compared with, by its tensor-parallel
 # size. 0.14.1's online fp8 quantizes each TP shard of a weight with its own
 # scale (amax of the shard), so at TP=2 it is another model than at TP=1;

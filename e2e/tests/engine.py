@@ -47,12 +47,38 @@ ENGINE_ENV = {
     # `vllm serve` then takes both cores from everything else (measured: the
     # model inspection of another worker's engine, 12 s alone, took 154 s)
     "VLLM_SLEEP_WHEN_IDLE": "1",
+    # this project's vLLM plugin acts on the CPU platform (it is installed
+    # into the venv only for the plugin step: scenario.py)
+    "VLLM_XPU_FAKES_ANY_PLATFORM": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
 
 TIMINGS: list[dict] = []  # what took how long, for the summary
+
+PLUGIN_DIST = "vllm-xpu-fakes"  # the plugin's distribution, as pip names it
+_WHEEL: list[Path] = []
+
+
+def plugin_wheel() -> Path:
+    """This project's vLLM plugin, built by `make plugin` once per session
+    (per pytest-xdist worker) into the cache directory."""
+    if not _WHEEL:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        dist = venvs.cache_dir() / "e2e" / "plugin-dist" / worker
+        for old in dist.glob("*.whl"):
+            old.unlink()
+        start = time.monotonic()
+        subprocess.run(
+            ["make", "--no-print-directory", "-C", str(REPO), "plugin", f"DIST={dist}"],
+            check=True,
+            capture_output=True,
+        )
+        (wheel,) = dist.glob("vllm_xpu_fakes-*-py3-none-any.whl")
+        timed("make plugin", time.monotonic() - start)
+        _WHEEL.append(wheel)
+    return _WHEEL[0]
 
 
 def timed(what: str, seconds: float, **extra) -> None:
@@ -125,6 +151,12 @@ class Engine:
         if check:
             assert done.returncode == 0, (args, done.stdout, done.stderr)
         return done
+
+    def pip(self, *args: str) -> None:
+        """pip of the engine venv, as a user of an image runs it."""
+        start = time.monotonic()
+        venvs._pip(self.python, *args)
+        timed(f"{self.release}: pip {args[0]}", time.monotonic() - start)
 
     def status(self) -> str:
         done = subprocess.run(

@@ -3,17 +3,23 @@ changes in a fixed order (unpatched, patched, reverted, recipe path, serve),
 each step's results are kept, and the tests assert on them.
 
 1. the venv as built (else ``make revert`` and check again);
-2. unpatched: every case compiled and eager, in one engine process;
-3. ``make apply`` (VLLM= or PYTHON=, ``cases.APPLY_FORM``); the status;
-4. patched: every case eager and compiled, one process; in the same process
+2. the plugin: this project's vLLM plugin installed from its wheel (``make
+   plugin``, ``pip install``) into the unpatched venv, every case compiled
+   in one engine process (``cases.PLUGIN_SERVE``: also vllm serve with
+   TP=2), ``pip uninstall``; vLLM's files and RECORD compared with the
+   build before and after;
+3. unpatched: every case compiled and eager, in one engine process (after
+   the plugin's uninstall: where the release breaks, the error is back);
+4. ``make apply`` (VLLM= or PYTHON=, ``cases.APPLY_FORM``); the status;
+5. patched: every case eager and compiled, one process; in the same process
    the case of ``cases.WRONG_STANDIN`` compiled with a stand-in that
    disagrees with its fake, and (0.14.1) the serve case at TP=2;
-5. ``make revert``; the venv compared with its build, byte for byte;
-6. recipe path (``cases.RECIPE``): a downstream patch of our own on the
+6. ``make revert``; the venv compared with its build, byte for byte;
+7. recipe path (``cases.RECIPE``): a downstream patch of our own on the
    installed ``vllm/``, ``make apply`` (recipes + proof), the case eager and
    compiled, ``make revert`` (the downstream bytes back), the patch undone,
    the venv compared with its build;
-7. serve (``cases.SERVE``): ``make apply``, the OpenAI server on loopback with
+8. serve (``cases.SERVE``): ``make apply``, the OpenAI server on loopback with
    ``--tensor-parallel-size 2``, requests with token ids, ``make revert``.
 
 A step that fails records why and the later steps that need it are skipped;
@@ -94,6 +100,9 @@ class Scenario:
         e = self.engine
         if not self._step("pristine_at_start", self._pristine_at_start):
             return self
+        self._step("plugin", self._plugin)
+        if self.errors.get("plugin") and self.engine.manifest_diff():
+            return self  # the venv is not as built: nothing else can run
         # eager first: an eager LLM built after a compiled start-up that
         # failed in the same process is not the same as a fresh one (measured:
         # 0.07 nats apart on 0.14.1), after one that worked it is
@@ -155,6 +164,27 @@ class Scenario:
             )
         return runs
 
+    def _plugin(self) -> dict:
+        """The plugin into the unpatched venv by pip, as the person running
+        an image installs it; its runs; pip uninstall. The venv's vllm/ and
+        vLLM's .dist-info are byte-identical throughout (what pip adds is
+        the plugin's own package and .dist-info only)."""
+        e = self.engine
+        wheel = engine.plugin_wheel()
+        e.pip("install", "--no-deps", "--force-reinstall", str(wheel))
+        result: dict = {"wheel": wheel.name}
+        try:
+            result["installed"] = e.manifest_diff()
+            runs = _case_runs(self.cases, ("compiled",))
+            result["runs"] = e.run("plugin", runs)
+            if self.release in cases.PLUGIN_SERVE:
+                case = cases.named(self.release, cases.PLUGIN_SERVE[self.release])
+                result["serve"] = self._serve_patched(case, "serve-plugin")
+        finally:
+            e.pip("uninstall", "-y", engine.PLUGIN_DIST)
+            result["after_uninstall"] = e.manifest_diff()
+        return result
+
     def _pristine_at_start(self) -> dict:
         """The venv as built. If not (a session that died while it was
         patched, or a revert that left a file changed): make revert, then the
@@ -162,6 +192,9 @@ class Scenario:
         summary (the revert test of the session that caused it failed)."""
         diff = self.engine.manifest_diff()
         found = {"found": diff}
+        if any(line.startswith("added: vllm_xpu_fakes") for line in diff):
+            self.engine.pip("uninstall", "-y", engine.PLUGIN_DIST)  # left installed
+            diff = self.engine.manifest_diff()
         if diff:
             found["revert"] = self.engine.make("revert", check=False).stdout
             diff = self.engine.manifest_diff()
@@ -247,9 +280,9 @@ class Scenario:
                 "diff": e.manifest_diff(),
             }
 
-    def _serve_patched(self, case) -> dict:
+    def _serve_patched(self, case, label: str = "serve") -> dict:
         e = self.engine
-        work = e.work / "serve"
+        work = e.work / label
         work.mkdir(parents=True, exist_ok=True)
         model = e.models / case.format
         assert (model / "model.safetensors").exists(), model
@@ -318,7 +351,10 @@ class Scenario:
         finally:
             _stop(server)
             log.close()
-            timed(f"{self.release}: vllm serve TP={SERVE_TP}", time.monotonic() - start)
+            timed(
+                f"{self.release}: vllm serve TP={SERVE_TP} ({label})",
+                time.monotonic() - start,
+            )
         result["records"] = [
             json.loads(p.read_text()) for p in sorted(work.glob("plugin-*.json"))
         ]

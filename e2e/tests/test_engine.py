@@ -233,3 +233,88 @@ def test_vllm_serve_tp2_matches_llm(serve_release, scenarios):
     _assert_agree(llm, served, case.family)
     reverted = s.need("serve_revert")
     assert reverted["returncode"] == 0 and not reverted["diff"], reverted
+
+
+# ---------------------------------------------------------------------------
+# this project's vLLM plugin, pip-installed into the unpatched venv
+# ---------------------------------------------------------------------------
+
+PLUGIN_MODULE = "vllm_xpu_fakes._xpu_gemm_fakes."
+
+
+def _plugin_runs(scenarios, release: str) -> dict:
+    return scenarios(release).need("plugin")
+
+
+def test_plugin_starts_the_unpatched_release_compiled(case, scenarios):
+    """Compiled start-up with the plugin, vLLM unpatched: no graph break,
+    Dynamo traced, every linear layer on the XPU path, the fake of the
+    case's GEMM the plugin's, the plugin called by vLLM's own plugin loader
+    in the worker."""
+    run = _plugin_runs(scenarios, case.release)["runs"][f"{case.name}/compiled"]
+    worker = _worker(run)
+    assert worker["graph_breaks"] == 0 and worker["unique_graphs"] >= 1
+    assert len(_layers_on(case.route, worker)) == 2 * len(LINEARS)
+    fake = worker["plugin"]["fakes"][case.fake]
+    assert fake and fake["function"].startswith(PLUGIN_MODULE), fake
+    fix = worker["plugin"]["vllm_xpu_fakes"]
+    assert "load_general_plugins" in fix["callers"], fix
+    assert case.fake in fix["registered"] or case.fake == "vllm::ipex_woq_linear"
+    assert fix["differs"] == [] and fix["not_reached"] == [], fix
+
+
+def test_plugin_compiled_agrees_with_eager(case, scenarios, record_property):
+    """The plugin's compiled run against the unpatched release's eager run
+    (the kernels are the same: the plugin changes what Dynamo sees)."""
+    s = scenarios(case.release)
+    compiled = _plugin_runs(scenarios, case.release)["runs"][f"{case.name}/compiled"]
+    eager = _ok(s.need("unpatched")[f"{case.name}/eager"])
+    record_property("agreement", _assert_agree(eager, _ok(compiled), case.family))
+
+
+def test_plugin_leaves_vllm_byte_identical_and_uninstalls_cleanly(release, scenarios):
+    """pip install adds the plugin's package and .dist-info and nothing
+    else (vllm/ and vLLM's .dist-info, RECORD included, hashed); pip
+    uninstall leaves the venv as built."""
+    plugin = _plugin_runs(scenarios, release)
+    installed = plugin["installed"]
+    assert any(line.startswith("added: vllm_xpu_fakes/") for line in installed)
+    assert all(
+        line.startswith(("added: vllm_xpu_fakes/", "added: vllm_xpu_fakes-"))
+        for line in installed
+    ), installed
+    assert plugin["after_uninstall"] == [], plugin["after_uninstall"]
+
+
+def test_uninstalling_the_plugin_brings_back_the_error(release, scenarios):
+    """The unpatched step runs after the plugin's uninstall, in the same
+    venv: where the release breaks, its compiled start-up dies again."""
+    s = scenarios(release)
+    steps = list(s.steps)
+    assert steps.index("plugin") < steps.index("unpatched"), steps
+    breaking = [c for c in cases.of(release) if c.breaks_unpatched]
+    if not breaking:
+        pytest.skip("the unpatched release starts compiled on these paths")
+    for case in breaking:
+        run = s.need("unpatched")[f"{case.name}/compiled"]
+        assert not run["ok"], case.name
+        assert "fake tensors" in run["error"]["message"], run["error"]["message"][:500]
+        assert run["error"]["operator"] == case.op
+
+
+@pytest.mark.parametrize("serve_release", sorted(cases.PLUGIN_SERVE))
+def test_vllm_serve_tp2_with_the_plugin(serve_release, scenarios):
+    """vllm serve, TP=2, the unpatched release with the plugin installed:
+    the plugin's fake in both workers, and the same output as the patched
+    LLM at TP=2 (the same fix, the same model)."""
+    s = scenarios(serve_release)
+    served = _plugin_runs(scenarios, serve_release)["serve"]
+    case = cases.named(serve_release, cases.PLUGIN_SERVE[serve_release])
+    workers = [r for r in served["records"] if "Worker" in r["process"]]
+    assert len(workers) == 2, [r["process"] for r in served["records"]]
+    for record in workers:
+        assert record["fakes"][case.fake]["function"].startswith(PLUGIN_MODULE)
+        assert record["vllm_xpu_fakes"]["registered"], record
+    tp = cases.SERVE_REFERENCE_TP[serve_release]
+    name = f"{case.name}/compiled" + (f"-tp{tp}" if tp > 1 else "")
+    _assert_agree(_ok(s.need("patched")[name]), served, case.family)

@@ -14,7 +14,9 @@ each worker) before a model is built. It
   ``overrides.OVERRIDES``;
 * imports the vLLM module that registers the XPU fakes, as vLLM does on an
   XPU at start-up. It registers no fake of its own: the fakes Dynamo meets
-  are the ones the vLLM tree registers (patched by this project or not).
+  are the ones the vLLM tree registers (patched by this project or not), or
+  the ones this project's vLLM plugin registers where it is installed
+  (``vllm_xpu_fakes``, whose register() it calls once the stand-ins exist).
   ``XPUFAKES_E2E_WRONG_STANDIN`` (``negative.py``) makes one stand-in
   deliberately disagree with its fake, the negative control of the tests'
   output comparison.
@@ -43,13 +45,35 @@ def register() -> None:
     _state["standins"], _state["wrong_standin"] = standins.install(era, release)
     _state["overrides"] = overrides.apply(era)
     _state["registering_module"] = standins.import_registering_module(era)
+    _state["vllm_xpu_fakes"] = _the_fix_as_a_plugin()
     _state["fakes"] = standins.fake_owners()
     _record()
 
 
+def _the_fix_as_a_plugin() -> dict | None:
+    """This project's vLLM plugin (plugin/, vllm_xpu_fakes), where make e2e
+    installed it: its register() once more, now that the stand-ins exist.
+    vLLM calls the plugins in an order of its own; on an XPU host the
+    kernel packages exist before any plugin runs, here they exist once this
+    plugin has made them, and the fix's plugin does only what it could not
+    do when it ran first (its steps are idempotent)."""
+    try:
+        import vllm_xpu_fakes
+    except ImportError:
+        return None
+    vllm_xpu_fakes.register()
+    return vllm_xpu_fakes.state()
+
+
 def state() -> dict:
-    """What register() did in this process (JSON-able)."""
-    return dict(_state)
+    """What register() did in this process (JSON-able); the fix's plugin's
+    state as it is now (vLLM may have called it again since)."""
+    found = dict(_state)
+    if found.get("vllm_xpu_fakes") is not None:
+        import vllm_xpu_fakes
+
+        found["vllm_xpu_fakes"] = vllm_xpu_fakes.state()
+    return found
 
 
 def _record() -> None:
