@@ -41,7 +41,7 @@ LAYERS = {
     ],
     # the proof and the audit
     "proof": [
-        "reach standins proofpython models",
+        "reach standins proofpython models plugin",
         "scan loading modelproof",
         "modeltrace",
         "audit verify",

@@ -13,7 +13,10 @@ plugin: tests/test_model_trace.py; vLLM's engine with it: make e2e.
 import base64
 import contextlib
 import hashlib
+import json
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import types
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from support import grid, releases, standins
+from support import grid, releases, standins, tool
 from support import plugin as plugin_support
 from xpufakes.common import paths
 from xpufakes.proof import loading, verify
@@ -466,3 +469,75 @@ def _traced(silu_and_mul) -> str:
             return captured[0]
         return f"{type(e).__name__}: {str(e).splitlines()[0]}"
     raise AssertionError("the backend was not called")
+
+
+# ---------------------------------------------------------------------------
+# make audit with the plugin installed next to the tree's vllm/
+# ---------------------------------------------------------------------------
+
+
+def test_audit_reports_what_the_installed_plugin_covers(site, tmp_path):
+    """An unpatched b6-like tree with the plugin installed beside its vllm/
+    (as in an image's site-packages): the audit finds it, runs its
+    register() in its dynamic part, and passes; the calls that fail the
+    same tree without it (the pybind11 norms and rotary embedding, reached)
+    are the ones it rebinds. VLLM_PLUGINS without the plugin's name and a
+    compile cache older than the plugin are said."""
+    from support import downstream
+
+    root = downstream.b6_like(tmp_path / "tree")
+    shutil.copytree(site / PACKAGE, root / PACKAGE)
+    for info in site.glob(f"{PACKAGE}-*.dist-info"):
+        shutil.copytree(info, root / info.name)
+    cache = tmp_path / "vllm-cache"
+    (cache / "torch_compile_cache" / "a1b2").mkdir(parents=True)
+    os.utime(cache / "torch_compile_cache" / "a1b2", (1_000_000_000, 1_000_000_000))
+    env = {"VLLM_PLUGINS": "other", "VLLM_CACHE_ROOT": str(cache)}
+    done = tool.run("audit", str(root), "--json", env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{\n") :])
+    assert report["ok"] is True
+    plugin = report["plugin"]
+    assert plugin["state"]["registered"] == ["torch_ipex::fp8_gemm_w8a16.xpu"]
+    gemm = next(r for r in report["ops"] if r["op"] == "torch_ipex::fp8_gemm_w8a16")
+    assert gemm["verdict"] == "ok", gemm
+    reached = {f["callee"] for f in report["untraceable"] if f["reached"]}
+    assert {"vllm._C.ops.rotary_embedding", "vllm._C.ops.rms_norm"} <= reached
+    assert reached <= set(plugin["state"]["rebound"]), reached
+    cautions = " ".join(plugin["cautions"])
+    assert "VLLM_PLUGINS='other' does not name 'xpu_fakes'" in cautions
+    assert "made before the plugin was installed" in cautions
+
+
+def test_audit_counts_a_reached_call_as_fixed_only_if_the_plugin_rebound_it():
+    """The audit's verdict on a reached call Dynamo cannot trace, with and
+    without the plugin's report (the negative control: without it, or with
+    a plugin that did not rebind that callee, the call fails the audit)."""
+    from xpufakes.proof import audit
+    from xpufakes.proof import plugin as installed_plugin
+
+    finding = types.SimpleNamespace(
+        callee="vllm._C.ops.rms_norm",
+        reached=True,
+        kind="a C extension's function",
+        site="vllm/_ipex_ops.py:158 ipex_ops.rms_norm",
+        configurations=["sp"],
+        entry="RMSNorm.forward_xpu",
+        note="",
+        chain=["vllm/_ipex_ops.py:158 ipex_ops.rms_norm"],
+    )
+    installed = installed_plugin.Installed(Path("/site"), "1.0.0", 0.0)
+
+    def result(rebound):
+        state = {"registered": [], "rebound": rebound, "not_reached": []}
+        plugin = None if rebound is None else audit.PluginReport(installed, state)
+        return audit.Result("k", [], [finding], plugin=plugin)
+
+    assert result(None).failing and result(["vllm._C.ops.rotary_embedding"]).failing
+    fixed = result(["vllm._C.ops.rms_norm"])
+    assert not fixed.failing
+    lines = audit.untraceable_lines([finding], {"vllm._C.ops.rms_norm"})
+    assert lines[1].startswith("vllm._C.ops.rms_norm: ok: the plugin rebinds it")
+    said = "\n".join(fixed.plugin.lines())
+    assert said.startswith("The vLLM plugin: vllm-xpu-fakes 1.0.0 in /site")
+    assert "calls it rebinds to custom ops: vllm._C.ops.rms_norm" in said

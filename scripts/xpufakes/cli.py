@@ -103,10 +103,12 @@ def cmd_stage(args) -> int:
 
 def cmd_verify_xpu(args) -> int:
     vllm = tree.locate(args.vllm).root if args.vllm else None
-    results = verify.run(vllm, args.standins, full=not args.quick)
+    plugin = Path(args.plugin) if args.plugin else None
+    state: dict | None = {} if plugin else None
+    results = verify.run(vllm, args.standins, not args.quick, None, plugin, state)
     if args.json_out:
-        Path(args.json_out).write_text(verify.to_json(results))
-    print(verify.to_json(results) if args.json else verify.table(results))
+        Path(args.json_out).write_text(verify.to_json(results, state))
+    print(verify.to_json(results, state) if args.json else verify.table(results))
     return errors.OK if results and all(r.ok for r in results) else errors.REFUSED
 
 
@@ -119,6 +121,7 @@ def cmd_audit(args) -> int:
         args.chains_from,
         args.model,
         args.configurations,
+        args.plugin,
     )
     if isinstance(result, str):  # not affected
         print(
@@ -198,7 +201,16 @@ def _parser() -> argparse.ArgumentParser:
     full = ("--full", "the whole overlay, not the fix in place")
     verb("stage", cmd_stage, "the fix as a branch of a checkout", vllm, *options, full)
     quick, json_out = ("--quick", "a subset of cases"), ("--json-out", {})
-    grid = (("--vllm", {}), kernels, quick, as_json, json_out)
+    plugin = (
+        "--plugin",
+        {
+            "metavar": "DIR",
+            "default": "",
+            "help": "the directory this project's vLLM plugin is installed in "
+            "(a site-packages): its register() runs once the tree is loaded",
+        },
+    )
+    grid = (("--vllm", {}), kernels, quick, as_json, json_out, plugin)
     verb("verify-xpu", cmd_verify_xpu, "opcheck the registered fakes", *grid)
     static = ("--static", "skip loading the fakes")
     chains = (
@@ -234,6 +246,7 @@ def _parser() -> argparse.ArgumentParser:
         chains,
         model,
         configurations,
+        plugin,
     )
     rest = ("pytest_args", {"nargs": argparse.REMAINDER})
     verb("test-tree", cmd_test_tree, "run the fakes' in-tree tests", vllm, rest)

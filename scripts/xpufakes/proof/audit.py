@@ -30,6 +30,7 @@ from xpufakes.common import isolated, paths
 from xpufakes.common.errors import Refusal
 from xpufakes.common.ops import IPEX_WOQ, NAMESPACES, WRAPPER_OPS
 from xpufakes.proof import modelproof, reach, scan
+from xpufakes.proof import plugin as installed_plugin
 from xpufakes.proof.scan import IF_ENABLED, TRACED, CallSite
 from xpufakes.trees import pins, tree
 
@@ -113,17 +114,55 @@ def kernels_of(found: tree.Tree) -> str:
     return kernels.of_tree(found.root, pin)
 
 
-def check_fakes(root: Path, kernels: str) -> dict[str, dict]:
-    """op -> verify-xpu's result for it, from a separate process."""
+def check_fakes(
+    root: Path, kernels: str, plugin: Path | None = None
+) -> tuple[dict[str, dict], dict | None]:
+    """(op -> verify-xpu's result for it, the plugin's state), from a
+    separate process; with `plugin`, the plugin registers once the tree is
+    loaded, as vLLM loads it."""
+    args = ["verify-xpu", "--vllm", str(root), "--standins", kernels, "--quick"]
     done, result = isolated.run_verb(
-        ["verify-xpu", "--vllm", str(root), "--standins", kernels, "--quick"],
-        "--json-out",
+        args + (["--plugin", str(plugin)] if plugin else []), "--json-out"
     )
     if done.returncode not in (0, 1) or result is None:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         tail = tail.removeprefix("error: ")
         raise Refusal(f"cannot load the tree's fakes against the stand-ins: {tail}")
-    return {entry["op"]: entry for entry in result}
+    ops, state = (result, None) if plugin is None else (result["ops"], result["plugin"])
+    return {entry["op"]: entry for entry in ops}, state
+
+
+@dataclass
+class PluginReport:
+    """This project's vLLM plugin, installed with the tree: where, and what
+    its register() did in the audit's process (the tree loaded against the
+    stand-ins, as vLLM loads it on an XPU)."""
+
+    installed: installed_plugin.Installed
+    state: dict
+    cautions: list[str] = field(default_factory=list)  # VLLM_PLUGINS, the cache
+
+    def lines(self) -> list[str]:
+        s = self.state
+        said = [f"The vLLM plugin: {self.installed.describe()}"]
+        if s.get("skipped"):
+            said.append(f"  does nothing here: {s['skipped']}")
+            return said + [f"  CAUTION: {c}" for c in self.cautions]
+        said.append(f"  fakes it registers: {', '.join(s['registered']) or 'none'}")
+        if s.get("woq"):
+            said.append(f"  {s['woq']}")
+        said.append(
+            "  calls it rebinds to custom ops: " + (", ".join(s["rebound"]) or "none")
+        )
+        if s.get("copies"):
+            said.append(f"  copies it rebinds: {', '.join(s['copies'])}")
+        said.append(
+            "  what it cannot reach: "
+            + ("; ".join(s["not_reached"]) or "nothing (in the modules loaded here)")
+        )
+        if s.get("differs"):
+            said.append(f"  left as vLLM has it: {'; '.join(s['differs'])}")
+        return said + [f"  CAUTION: {c}" for c in self.cautions]
 
 
 @dataclass
@@ -136,10 +175,14 @@ class Result:
     reports: list[OpReport]
     untraceable: list[reach.Finding]
     model: dict | None = None  # MODEL=: the model proof's result
+    plugin: "PluginReport | None" = None  # the installed vLLM plugin
 
     @property
     def reached(self) -> list[reach.Finding]:
-        return [f for f in self.untraceable if f.reached]
+        """The reached calls Dynamo cannot trace that nothing fixes (the
+        installed plugin rebinds the callees it reports)."""
+        covered = set(self.plugin.state.get("rebound", [])) if self.plugin else set()
+        return [f for f in self.untraceable if f.reached and f.callee not in covered]
 
     @property
     def failing(self) -> bool:
@@ -154,6 +197,7 @@ def run(
     prefer: str = "",
     model: str = "",
     configurations: str = "default,sp",
+    plugin: str = "",
 ) -> "Result | str":
     """`make audit`: the audit of a tree (with `model`, that model traced
     whole too: modelproof.py), or what makes it not affected (a release in
@@ -172,9 +216,16 @@ def run(
             "`PYTHON=<a Python with torch> bin/xpufakes audit ...`; --static "
             "scans the call sites without torch"
         )
-    result = audit(found, dynamic, standins, prefer)
+    installed = installed_plugin.find(found.root, plugin)
+    result = audit(found, dynamic, standins, prefer, installed)
     if model:
-        result.model = modelproof.run(found.root, model, result.kernels, configurations)
+        result.model = modelproof.run(
+            found.root,
+            model,
+            result.kernels,
+            configurations,
+            plugin=installed.directory if installed else None,
+        )
     return result
 
 
@@ -183,24 +234,46 @@ def audit(
     dynamic: bool = True,
     standins: str | None = None,
     prefer: str = "",
+    installed: installed_plugin.Installed | None = None,
 ) -> Result:
     """The audit of a tree (`prefer`: a model whose forward the chains of
-    untraceable calls should start from, where they can)."""
+    untraceable calls should start from, where they can; `installed`: the
+    vLLM plugin installed with it, which registers in the dynamic part)."""
     sources = tree.python_sources(found.root)
     sites, declared = scan.scan(sources)
     standins = standins or kernels_of(found)
     standins = kernels.standins(standins, kernels.is_mixed(standins, sources))
-    checked = check_fakes(found.root, standins) if dynamic else {}
+    directory = installed.directory if installed else None
+    checked, state = (
+        check_fakes(found.root, standins, directory) if dynamic else ({}, None)
+    )
     ipex = kernels.IPEX in standins
     untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex)
-    return Result(standins, reports(sites, declared, checked), untraceable)
+    result = Result(standins, reports(sites, declared, checked, state), untraceable)
+    if installed is not None:
+        cautions = [
+            c
+            for c in (
+                installed_plugin.loaded_by_vllm(),
+                installed_plugin.stale_cache(installed),
+            )
+            if c
+        ]
+        if state is None:
+            cautions.append("not loaded (--static): what it does is not checked")
+        result.plugin = PluginReport(installed, state or {}, cautions)
+    return result
 
 
 def reports(
-    sites: dict[str, list[CallSite]], declared: set[str], checked: dict[str, dict]
+    sites: dict[str, list[CallSite]],
+    declared: set[str],
+    checked: dict[str, dict],
+    plugin: dict | None = None,
 ) -> list[OpReport]:
     """The report of each op: its call sites (scan.scan), the fakes the
-    source declares, verify-xpu's result for each op (check_fakes)."""
+    source declares, verify-xpu's result for each op (check_fakes), what
+    the installed plugin did (its state)."""
     schemas = _schemas()
     found = []
     for op in sorted(sites):
@@ -225,7 +298,11 @@ def reports(
                     f"{result['failed']} of {total} cases fail, e.g. {case}: {why}"
                 )
         elif op == IPEX_WOQ:
-            if op in declared:
+            if plugin and plugin.get("woq"):
+                report.fake = "wrapped by the plugin in the vllm::ipex_woq_linear op"
+                report.conforms = True
+                report.detail = plugin["woq"]
+            elif op in declared:
                 report.fake = "wrapped in the vllm::ipex_woq_linear op"
                 report.conforms = True
                 report.detail = "its fake is tested by tests/test_ipex_woq.py"
@@ -263,7 +340,10 @@ def table(found: tree.Tree, result: Result) -> str:
         for s in r.sites:
             via = f" via {s.via}" if s.via else ""
             lines.append(f"    {s.file}:{s.line} {s.function}{via} [{s.context}]")
-    lines += ["", *untraceable_lines(result.untraceable)]
+    covered = set(result.plugin.state.get("rebound", [])) if result.plugin else set()
+    lines += ["", *untraceable_lines(result.untraceable, covered)]
+    if result.plugin is not None:
+        lines += ["", *result.plugin.lines()]
     failing = [r.op for r in reports if r.failing]
     reached = result.reached
     lines.append("")
@@ -279,28 +359,39 @@ def table(found: tree.Tree, result: Result) -> str:
             f"trace: {callees}"
         )
     if not failing and not reached:
+        rebound = [f for f in result.untraceable if f.reached and f.callee in covered]
         lines.append(
             "OK: every traced tensor-returning op has a conformant fake "
             f"({len(reports)} ops seen), and no call on the traced path is one "
             f"Dynamo cannot trace ({len(result.untraceable)} such calls in the "
-            "tree, none reached)"
+            + (
+                f"tree; the {len(rebound)} reached are rebound by the plugin)"
+                if rebound
+                else "tree, none reached)"
+            )
         )
     if result.model is not None:
         lines += ["", modelproof.table(result.model)]
     return "\n".join(lines)
 
 
-def untraceable_lines(findings: list[reach.Finding]) -> list[str]:
+def untraceable_lines(
+    findings: list[reach.Finding], covered: set[str] = frozenset()
+) -> list[str]:
     """The calls Dynamo cannot trace that the traced path reaches: each with
     its configurations, its entry and its chain of calls; then a count of
-    the others."""
+    the others. `covered`: the callees the installed plugin rebinds."""
     lines = [
         "Calls Dynamo cannot trace (a C extension's function, ctypes, an "
         "IPEX Python API, a torch_ipex op without a fake):"
     ]
     reached = [f for f in findings if f.reached]
     for f in reached:
-        lines.append(f"{f.callee}: FAIL: {f.kind}; {f.site}")
+        if f.callee in covered:
+            verdict = "ok: the plugin rebinds it to a custom op at start-up"
+        else:
+            verdict = "FAIL"
+        lines.append(f"{f.callee}: {verdict}: {f.kind}; {f.site}")
         lines.append("  reached: " + "; ".join(f.configurations))
         lines.append(f"  entry: {f.entry}" + (f" ({f.note})" if f.note else ""))
         for i, step in enumerate(f.chain):
@@ -332,6 +423,18 @@ def to_json(found: tree.Tree, result: Result) -> str:
                 asdict(f) | {"reached": f.reached} for f in result.untraceable
             ],
             **({"model": result.model} if result.model is not None else {}),
+            **(
+                {
+                    "plugin": {
+                        "directory": str(result.plugin.installed.directory),
+                        "version": result.plugin.installed.version,
+                        "state": result.plugin.state,
+                        "cautions": result.plugin.cautions,
+                    }
+                }
+                if result.plugin is not None
+                else {}
+            ),
             "ok": not result.failing,
         },
         indent=2,

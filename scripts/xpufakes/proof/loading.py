@@ -194,6 +194,28 @@ def import_registering_module(root: Path | None):
     raise ModuleNotFoundError("no vllm/_xpu_ops.py or vllm/_ipex_ops.py")
 
 
+PLUGIN_PACKAGE = "vllm_xpu_fakes"  # this project's vLLM plugin (plugin/)
+
+
+def load_plugin(directory: Path, any_platform: bool = False) -> dict:
+    """This project's vLLM plugin, installed in `directory` (a site-packages,
+    or its wheel unpacked): its register(), as vLLM's plugin loader runs it
+    at start-up (after the platform and the kernels exist, before a model is
+    built); returns what it did. `any_platform`: let it act on a platform
+    that is not XPU (the stand-ins on a CPU)."""
+    import os
+
+    if any_platform:
+        os.environ["VLLM_XPU_FAKES_ANY_PLATFORM"] = "1"
+    directory = Path(directory).resolve()
+    sys.path.insert(0, str(directory))
+    plugin = importlib.import_module(PLUGIN_PACKAGE)
+    if not Path(plugin.__file__).is_relative_to(directory):
+        raise RuntimeError(f"{PLUGIN_PACKAGE} came from {plugin.__file__}")
+    plugin.register()
+    return plugin.state()
+
+
 def failure(error: BaseException, root: Path | None) -> str:
     """'<file>, line <n>: <Error>: <message>' for an error raised while a
     tree is imported: the tree's file and line where it happened (a syntax

@@ -27,18 +27,25 @@ def check_name(name: str) -> models.Model:
 
 
 def run(
-    root: Path, name: str, standins: str, configurations: str, python: str = ""
+    root: Path,
+    name: str,
+    standins: str,
+    configurations: str,
+    python: str = "",
+    plugin: Path | None = None,
 ) -> dict:
     """modeltrace's result for the tree (its JSON), run with `python` (this
     one if not given), or a Refusal with the end of what the child said if
-    it wrote none."""
+    it wrote none. `plugin`: the directory this project's vLLM plugin is
+    installed in, whose register() runs before the model is built."""
     models.configurations(configurations)
     python = python or sys.executable
     with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
         out = Path(work) / "model.json"
         done = subprocess.run(
             [python, "-m", "xpufakes.proof.modeltrace", str(root), name, str(out)]
-            + ["--standins", standins, "--configurations", configurations],
+            + ["--standins", standins, "--configurations", configurations]
+            + (["--plugin", str(plugin)] if plugin else []),
             capture_output=True,
             text=True,
             env=isolated.env(),  # nothing written to the tree

@@ -53,6 +53,7 @@ import traceback
 import types
 from pathlib import Path
 
+from xpufakes.proof import loading
 from xpufakes.proof import models as model_data
 
 # vLLM's compile cache and AOT compile: off, so that nothing is written to
@@ -108,19 +109,6 @@ def _setup(tree: Path, standins: str) -> list:
     loading.import_registering_module(None)  # the tree's own fakes, as on XPU
     _adapt_to_this_torch()
     return kept
-
-
-def _run_plugin(directory: str) -> dict:
-    """The vllm_xpu_fakes plugin's register(), as vLLM's load_general_plugins
-    runs it in a worker (after the platform and the kernels exist, before
-    the model is built); what it did."""
-    sys.path.insert(0, str(Path(directory).resolve()))
-    import vllm_xpu_fakes
-
-    if not Path(vllm_xpu_fakes.__file__).is_relative_to(Path(directory).resolve()):
-        raise RuntimeError(f"vllm_xpu_fakes came from {vllm_xpu_fakes.__file__}")
-    vllm_xpu_fakes.register()
-    return vllm_xpu_fakes.state()
 
 
 def _imports_xpu_kernels(tree: Path) -> bool:
@@ -542,7 +530,7 @@ def main(argv: list[str]) -> int:
         if args.plugin and args.without_plugin_first:
             without = [trace_one(model, c, Path(work), tree) for c in chosen]
         if args.plugin:
-            plugin = _run_plugin(args.plugin)
+            plugin = loading.load_plugin(Path(args.plugin))
         for configuration in chosen:
             results.append(trace_one(model, configuration, Path(work), tree))
     del kept

@@ -37,16 +37,20 @@ def run(
     standins: str | None,
     full: bool = True,
     select: Callable[[], Collection[str]] | None = None,
+    plugin: Path | None = None,
+    plugin_state: dict | None = None,
 ) -> list[OpResult]:
     """The opcheck grid of every registered fake: against the real kernels
     on the XPU, or (standins) the stand-ins of that kernel release on the
     CPU. With `select`, only the ops it names (asked once the tree is
-    loaded; an overload counts as its op). A Python without torch cannot
-    run it (NOT_HERE)."""
+    loaded; an overload counts as its op). With `plugin` (the directory
+    this project's vLLM plugin is installed in), the plugin registers once
+    the tree is loaded, and what it did goes into `plugin_state`. A Python
+    without torch cannot run it (NOT_HERE)."""
     import sys
 
     try:
-        return _run(vllm, standins, full, select)
+        return _run(vllm, standins, full, select, plugin, plugin_state)
     except ModuleNotFoundError as e:
         if (e.name or "").partition(".")[0] != "torch":
             raise
@@ -62,6 +66,8 @@ def _run(
     standins: str | None,
     full: bool,
     select: Callable[[], Collection[str]] | None,
+    plugin: Path | None,
+    plugin_state: dict | None,
 ) -> list[OpResult]:
     import torch
 
@@ -81,7 +87,17 @@ def _run(
                 "needs an XPU host; use --standins to check its logic on a CPU",
                 status=NOT_HERE,
             )
+    if plugin is not None and standins and "intel-extension-for-pytorch" in standins:
+        # what the plugin finds of IPEX on an XPU host: its Python APIs
+        # (calling torch_ipex ops registered for the XPU key only) and its
+        # WOQ linear class, before vLLM imports it
+        libraries.append(loading.standins.define_torch_ipex_ops())
+        loading.standins.install_ipex()
     loading.import_registering_module(vllm)
+    if plugin is not None:
+        state = loading.load_plugin(plugin, any_platform=bool(standins))
+        if plugin_state is not None:
+            plugin_state.update(state)
     wanted = None if select is None else {op.split(".")[0] for op in select()}
     results: dict[str, OpResult] = {}
     for case in loading.reference().opcheck_cases(full=full):
@@ -167,5 +183,9 @@ def table(results: list[OpResult]) -> str:
     return "\n".join(lines)
 
 
-def to_json(results: list[OpResult]) -> str:
-    return json.dumps([asdict(r) | {"ok": r.ok} for r in results], indent=2)
+def to_json(results: list[OpResult], plugin: dict | None = None) -> str:
+    """The results (a list); with the plugin's state, {"ops": ..., "plugin": ...}."""
+    ops = [asdict(r) | {"ok": r.ok} for r in results]
+    return json.dumps(
+        ops if plugin is None else {"ops": ops, "plugin": plugin}, indent=2
+    )
