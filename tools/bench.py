@@ -14,6 +14,8 @@ and reported as ratios (median of several repeats, with the spread).
    `bin/xpufakes apply`): start-up seconds and decode tokens/s, eager
    (`--enforce-eager`) vs compiled, on e2e's tiny model; one fresh process
    per sample, eager and compiled taking turns; reverted afterwards.
+6. The vLLM plugin (plugin/): its register() per process, in fresh
+   processes of the unpatched engine venvs with the plugin pip-installed.
 
 On a CPU the GEMM is a stand-in with the kernel's schema and output layout
 whose dequantized weight is cached, so it costs an fp32 GEMM: the ratios show
@@ -535,6 +537,7 @@ def report(device: str = "cpu", repeats: int = 7) -> str:
     engine_repeats = int(os.environ.get("XPUFAKES_BENCH_ENGINE_REPEATS", "3"))
     if device == "cpu" and engine_repeats > 0:
         lines += _engine_lines(engine_repeats)
+        lines += plugin_lines(repeats)
     return "\n".join(lines)
 
 
@@ -702,6 +705,106 @@ def _engine_lines(repeats: int) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------------------
+# 6. The vLLM plugin's register(), per process (plugin/)
+# ---------------------------------------------------------------------------
+
+PLUGIN_PROBE = """
+import json, time
+t = time.perf_counter()
+import vllm.plugins
+imported = time.perf_counter() - t
+t = time.perf_counter()
+vllm.plugins.load_general_plugins()
+loaded = time.perf_counter() - t
+import vllm_xpu_fakes
+state = vllm_xpu_fakes.state()
+print(json.dumps({"register_s": state["seconds"], "plugins_s": loaded,
+                  "import_s": imported, "rebound": len(state["rebound"]),
+                  "registered": len(state["registered"]), "calls": state["calls"]}))
+"""
+
+
+def _plugin_times(repeats: int) -> dict:
+    """{release: [samples] or {"failed": why}}: the plugin installed from its
+    wheel into the unpatched engine venv, then fresh processes that load
+    vLLM's general plugins as vLLM's processes do (the e2e stand-ins plugin,
+    which makes the XPU kernels, and this one), each timing the plugin's
+    register() calls (its own clock: state()["seconds"]); uninstalled."""
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="xpufakes-bench-plugin-") as dist:
+        done = subprocess.run(
+            ["make", "-s", "-C", str(paths.REPO), "plugin", f"DIST={dist}"],
+            capture_output=True,
+            text=True,
+        )
+        wheel = next(Path(dist).glob("*.whl"), None)
+        for release in ENGINE_CASES:
+            if wheel is None:
+                results[release] = {"failed": done.stderr.strip()[-200:]}
+                continue
+            venv = _engine_venv(release)
+            python = str(venv / "bin" / "python")
+            pip = [python, "-m", "pip", "-q", "--disable-pip-version-check"]
+            subprocess.run([*pip, "install", "--no-deps", str(wheel)], check=True)
+            env = dict(
+                os.environ,
+                XPUFAKES_E2E_REPO=str(paths.REPO),
+                VLLM_XPU_FAKES_ANY_PLATFORM="1",
+                VLLM_NO_USAGE_STATS="1",
+            )
+            try:
+                samples = []
+                for _ in range(repeats):
+                    out = subprocess.run(
+                        [python, "-c", PLUGIN_PROBE],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                    )
+                    lines = out.stdout.strip().splitlines()
+                    if out.returncode != 0 or not lines:
+                        samples = {"failed": out.stderr.strip()[-200:]}
+                        break
+                    samples.append(json.loads(lines[-1]))
+                results[release] = samples
+            finally:
+                subprocess.run([*pip, "uninstall", "-y", "vllm-xpu-fakes"], check=True)
+    return results
+
+
+def plugin_lines(repeats: int) -> list[str]:
+    lines = [
+        "",
+        "## 6. The vLLM plugin: register() per process",
+        "",
+        f"{repeats} fresh processes per release, each loading vLLM's general "
+        "plugins as vLLM's processes do (the e2e stand-ins plugin and "
+        "vllm-xpu-fakes, installed from its wheel into the unpatched engine "
+        "venv); register() timed by the plugin itself (all its calls in the "
+        "process), beside the time vLLM takes to load its plugins and to be "
+        "imported; median, spread = (max-min)/median",
+        "",
+        "| vLLM | register() | load_general_plugins() | import vllm | "
+        "fakes registered | calls rebound |",
+        "|---|---|---|---|---|---|",
+    ]
+    for release, samples in _plugin_times(repeats).items():
+        if isinstance(samples, dict):
+            lines.append(f"| {release} | failed: {samples['failed']} | | | | |")
+            continue
+        cell = {}
+        for key in ("register_s", "plugins_s", "import_s"):
+            values = [s[key] for s in samples]
+            cell[key] = f"{statistics.median(values):.3f} s ±{_spread(values):.0f}%"
+        lines.append(
+            f"| {release} | {cell['register_s']} | {cell['plugins_s']} | "
+            f"{cell['import_s']} | {samples[0]['registered']} | "
+            f"{samples[0]['rebound']} |"
+        )
+    return lines
+
+
 def _spread(samples: list[float]) -> float:
     median = statistics.median(samples)
     return (max(samples) - min(samples)) / median * 100 if median else 0.0
@@ -721,15 +824,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recipe-only", action="store_true", help="only the recipe path's times"
     )
+    parser.add_argument(
+        "--plugin-only", action="store_true", help="only the plugin's register()"
+    )
     args = parser.parse_args(argv)
     if args.what == "worker":
         result = worker(args.variant, args.device, args.repeats or 5)
         Path(args.out).write_text(json.dumps(result))
         return 0
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     if args.recipe_only:
-        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         head = f"# make bench --recipe-only ({os.cpu_count()} cores, load {load})"
         text = "\n".join([head, *recipe_lines(args.repeats or 7)])
+    elif args.plugin_only:
+        head = f"# make bench --plugin-only ({os.cpu_count()} cores, load {load})"
+        text = "\n".join([head, *plugin_lines(args.repeats or 7)])
     else:
         text = report(device=args.device, repeats=args.repeats or 7)
     print(text)
