@@ -18,7 +18,7 @@ import pytest
 
 from support import releases, small_tree, tool
 from xpufakes.changes import base
-from xpufakes.trees import tree
+from xpufakes.trees import pins, tree
 
 FORCED_OFF = (
     "vLLM 0.10.1.1 is not affected (torch.compile is off on XPU in this "
@@ -152,6 +152,31 @@ def test_a_release_newer_than_every_pin(tmp_path, monkeypatch):
     monkeypatch.delenv("VLLM_VERSION", raising=False)
     detected = base.detect_base(tree.locate(str(root)))
     assert detected.by_recipe and detected.pin.version == "0.33.0"
+
+
+def test_revert_of_a_newer_release_says_what_the_tree_is(tmp_path):
+    """A release newer than every pin whose files are the newest pin's (as
+    0.34.0's _xpu_ops.py is 0.33.0's): the pin's series applies as is, and
+    the revert's last line names the tree's own version, not the pin's (it
+    used to say "the tree is the pristine vLLM 0.33.0 again")."""
+    newest = pins.load().ordered()[-1].version
+    major, minor, _ = (int(p) for p in newest.split(".")[:3])
+    newer = f"{major}.{minor + 1}.0"
+    root = small_tree.make(newest, tmp_path / "tree")
+    version_file = root / "vllm" / "_version.py"
+    version_file.write_text(version_file.read_text().replace(newest, newer))
+    before = releases.file_hashes(root)
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last == (
+        f"reverted: the tree is vLLM {newer} as it was before apply "
+        f"(the series' files are vLLM {newest}'s again)"
+    ), last
+    assert f"pristine vLLM {newest}" not in result.stdout
+    assert releases.file_hashes(root) == before
 
 
 def test_a_tree_whose_fakes_are_already_right_is_not_affected(tmp_path):

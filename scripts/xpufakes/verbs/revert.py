@@ -55,7 +55,19 @@ def by_series(found: Tree, patches: list[str] | None, report: Report) -> Plan:
         done="reverted",
         leaves="the tree was the pristine release",
         lines=_removed_or_restored(found.root, changes),
-        summary=f"reverted: the tree is the pristine vLLM {plan.pin.version} again",
+        summary=_reverted_to(detected),
+    )
+
+
+def _reverted_to(detected: base.Base) -> str:
+    """The last line of a series revert: the tree as it is, which is the
+    pinned release only when its version is (a newer release, or a build,
+    whose files were the pin's is itself again, not the pin)."""
+    if detected.exact:
+        return f"reverted: the tree is the pristine vLLM {detected.pin.version} again"
+    return (
+        f"reverted: the tree is vLLM {detected.version} as it was before apply "
+        f"(the series' files are vLLM {detected.pin.version}'s again)"
     )
 
 
