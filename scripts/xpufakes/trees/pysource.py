@@ -409,19 +409,19 @@ class SourceTree:
         return found
 
     def mro(self, module: str, cls: str) -> list[tuple[str, str]]:
-        key = (module, cls)
-        if key not in self._mro:
-            self._mro[key] = self._linearize(module, cls)
-        return self._mro[key]
+        """The class and its bases the tree defines, in Python's method
+        resolution order (C3 linearization, as `type.mro()`)."""
+        return self._linearize((module, cls), ())
 
-    def _linearize(self, module: str, cls: str) -> list[tuple[str, str]]:
-        order, pending = [], [(module, cls)]
-        while pending:
-            current = pending.pop(0)
-            if current in order or len(order) > 30:
-                continue
-            order.append(current)
-            pending.extend(self.base_classes(*current))
+    def _linearize(self, key: tuple[str, str], within: tuple) -> list:
+        if key in self._mro:
+            return self._mro[key]
+        # A base that names a class being linearized is a cycle Python
+        # cannot build (the source read names the wrong binding): drop it.
+        within = (*within, key)
+        bases = [b for b in self.base_classes(*key) if b not in within]
+        order = [key, *c3_merge([*(self._linearize(b, within) for b in bases), bases])]
+        self._mro[key] = order
         return order
 
     def method(self, module: str, cls: str, name: str) -> Func | None:
@@ -549,3 +549,20 @@ def _lines_with(text: str, word: str) -> list[int]:
         if not found or found[-1] != line:
             found.append(line)
     return found
+
+
+def c3_merge(sequences: list[list]) -> list:
+    """C3's merge: repeatedly take the first head that is in no sequence's
+    tail. Where no head qualifies, Python refuses the class ("Cannot create
+    a consistent method resolution order"); the source read may have named
+    the wrong binding of a base, so the first head is taken (as the
+    depth-first order would) rather than stopping the search."""
+    pending = [list(seq) for seq in sequences if seq]
+    order: list = []
+    while pending:
+        tails = [item for seq in pending for item in seq[1:]]
+        head = next((seq[0] for seq in pending if seq[0] not in tails), pending[0][0])
+        order.append(head)
+        pending = [[item for item in seq if item != head] for seq in pending]
+        pending = [seq for seq in pending if seq]
+    return order
