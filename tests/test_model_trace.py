@@ -32,12 +32,14 @@ tree (registrations are process-global), both configurations in it.
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 from support import downstream, releases, tool
 from support import plugin as plugin_support
 from xpufakes.common import paths
+from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit, modelproof
 from xpufakes.trees import tree
 
@@ -74,8 +76,9 @@ def trace(root, tmp_path, model: str = MODEL, plugin=None) -> dict[str, dict]:
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS), PYTHONDONTWRITEBYTECODE="1"),
     )
     assert done.returncode == 0 and out.is_file(), done.stderr[-3000:]
-    found = json.loads(out.read_text())
-    assert found["model"] == model
+    found = json.loads(out.read_text())["models"]
+    assert [m["model"] for m in found] == [model]
+    found = found[0]
     results = {c["configuration"]: c for c in found["configurations"]}
     if plugin:
         results["plugin"] = found["plugin"]
@@ -325,3 +328,95 @@ def test_plugin_traces_the_unpatched_tree_whole(which, model, plugin_site, tmp_p
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
         expected = OPAQUE | PLUGIN_OPS[(which, model, configuration)]
         assert set(result["ops"]) == expected, result
+
+
+# `make audit MODEL=a,b` and `MODEL=all` (issue 33): the audit's own part
+# once, then every model in one process, a table of model x configuration;
+# a model that cannot be built is "not built" with the first line of its
+# real error, and the static result is printed all the same. (Before, the
+# audit printed only "the model proof ... did not finish ...: it needs the
+# tree's dependencies (... make venv-tree)", whatever the cause.)
+
+BUILD_ERROR = "raised by this test while Qwen3MoeForCausalLM is built"
+
+
+def test_models_by_commas_a_table_with_a_model_not_built(tmp_path):
+    root = downstream.b6_like(tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # Qwen3-MoE's class raises while it is built; Qwen3-VL-MoE's text model
+    # does not call its __init__ (it is built as before)
+    module = root / "vllm" / "model_executor" / "models" / "qwen3_moe.py"
+    text = module.read_text()
+    start = text.index("class Qwen3MoeForCausalLM(")
+    body = text.index("        super().__init__()\n", start)
+    module.write_text(
+        text[:body]
+        + f"        raise RuntimeError({BUILD_ERROR!r} + '\\nmore')\n"
+        + text[body:]
+    )
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-m", "xpufakes", "audit", str(root)]
+        + ["--model", "qwen3_vl_moe,qwen3_moe"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+    )
+    out = done.stdout
+    assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
+    # the static audit's result, in full
+    assert "\nOK: every traced tensor-returning op has a conformant fake" in out, out
+    # the table: model x configuration
+    head = out.index("Models traced whole (model x configuration):\n")
+    rows = [line.split(" | ") for line in out[head:].splitlines()[1:4]]
+    assert [[c.strip() for c in row] for row in rows[:1]] == [
+        ["model", "default", "sp"]
+    ], rows
+    cells = {row[0].strip(): [c.strip() for c in row[1:]] for row in rows[1:]}
+    assert cells["qwen3_vl_moe"] == ["traced whole, 1 graph(s), 0 graph break(s)"] * 2
+    for said in cells["qwen3_moe"]:
+        assert said.startswith(f"not built: RuntimeError: {BUILD_ERROR} (qwen3_moe.py:")
+    assert "  2 of 4 traced whole" in out
+    # the real error, where it was raised; no word of a missing venv
+    assert f"  default: FAIL: not built: RuntimeError: {BUILD_ERROR}\n" in out
+    assert "venv-tree" not in out + done.stderr and "did not finish" not in out
+
+
+def test_the_venv_is_named_only_where_it_is_missing(tmp_path, monkeypatch):
+    """A Python without the tree's dependencies (here: a bare venv, no
+    torch): `make venv-tree` is named only where .venv-tree does not exist;
+    where it does, the Python that lacks the module is named."""
+    bare = tmp_path / "bare"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True
+    )
+    python = str(bare / "bin" / "python")
+    root = releases.pristine(PLAIN)
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    assert modelproof.TREE_PYTHON.exists()
+    monkeypatch.setattr(modelproof, "TREE_PYTHON", tmp_path / "no-venv" / "python")
+    [found] = modelproof.run_all(root, ["qwen3_moe"], kernels, "default,sp", python)
+    for result in found["configurations"]:
+        assert result["result"] == "not built", result
+        assert result["error"].startswith(f"the model proof's Python ({python})")
+        assert result["error"].endswith(": No module named 'torch'"), result
+    assert "make venv-tree" in found["venv"], found["venv"]
+    assert "make venv-tree" in modelproof.table(found)
+    monkeypatch.undo()  # .venv-tree exists
+    said = modelproof.venv_missing(found, python)
+    assert "venv-tree" in said and "make venv-tree" not in said, said
+    assert f"{python} has no module 'torch'" in said, said
+    # its own Python: the missing module is the tree's error alone
+    assert modelproof.venv_missing(found, str(modelproof.TREE_PYTHON)) == ""
+
+
+def test_model_names():
+    assert modelproof.names(" qwen3_moe, qwen3_vl_moe ") == [
+        "qwen3_moe",
+        "qwen3_vl_moe",
+    ]
+    every = modelproof.names("all")
+    assert {"qwen3_moe", "qwen3_vl_moe"} <= set(every) and len(every) == len(set(every))
+    with pytest.raises(Refusal, match="unknown model 'nope' \\(known: "):
+        modelproof.names("qwen3_moe,nope")
