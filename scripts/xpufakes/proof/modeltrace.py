@@ -86,7 +86,12 @@ def _setup(tree: Path, standins: str) -> list:
     made.install_torchvision()
     made.install_downstream_packages()
     kept = [made.define_torch_ipex_ops(), made.define_loading_ops("torch_ipex")]
-    made.install_ipex()
+    # IPEX's WOQ linear module (int4 AWQ / GPTQ: IPEXAWQLinearMethod,
+    # IPEXGPTQLinearMethod make it while loading): the reference one, whose
+    # forward calls the torch_ipex WOQ ops as IPEX's XPU forward does
+    reference = loading.reference()
+    kept.append(reference.define_torch_ipex_woq_kernels())
+    made.install_ipex(woq_from_weight=reference.ReferenceWOQLinear.from_weight)
     loading.stub_vllm_extensions(tree)
     if "vllm-xpu-kernels" in standins or _imports_xpu_kernels(tree):
         loading.stub_xpu_kernel_package()
@@ -288,13 +293,18 @@ def _vllm_config(model: model_data.Model, directory: Path, configuration: str):
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 
     _register(model)
+    # IPEX's int4 (AWQ, GPTQ) is the deprecated method "ipex" where vLLM has
+    # deprecated methods (0.14): a user allows it to run such a checkpoint
+    fields = getattr(ModelConfig, "__dataclass_fields__", {})
+    allow = "allow_deprecated_quantization" in fields
     model_config = ModelConfig(
         model=str(directory),
         tokenizer=str(directory),
         skip_tokenizer_init=True,
         quantization=model.quantization,
-        dtype="bfloat16",
+        dtype=model.dtype,
         max_model_len=4096,
+        **({"allow_deprecated_quantization": True} if allow else {}),
     )
     _rope_theta_as_an_attribute(model_config)
     return VllmConfig(
