@@ -136,7 +136,7 @@ def model_trace(tree: Path, tmp_path: Path) -> dict[str, dict]:
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
     )
     assert out.is_file(), done.stderr[-3000:]
-    configurations = json.loads(out.read_text())["configurations"]
+    configurations = json.loads(out.read_text())["models"][0]["configurations"]
     return {c["configuration"]: c for c in configurations}
 
 

@@ -32,12 +32,14 @@ tree (registrations are process-global), both configurations in it.
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 from support import downstream, releases, tool
 from support import plugin as plugin_support
 from xpufakes.common import paths
+from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit, modelproof
 from xpufakes.trees import tree
 
@@ -55,6 +57,11 @@ def trace(root, tmp_path, model: str = MODEL, plugin=None) -> dict[str, dict]:
     the tree: the cached trees of the releases are shared.) With `plugin`
     (the directory it is installed in): the results without it, then with
     its register(), in one process; 'without plugin' and 'plugin' keys."""
+    return traces(root, tmp_path, [model], plugin)[model]
+
+
+def traces(root, tmp_path, models: list[str], plugin=None) -> dict[str, dict]:
+    """model -> trace()'s result for it, the models traced in one process."""
     out = tmp_path / "model.json"
     kernels = audit.kernels_of(tree.locate(str(root)))
     extra = ["--plugin", str(plugin), "--without-plugin-first"] if plugin else []
@@ -64,7 +71,7 @@ def trace(root, tmp_path, model: str = MODEL, plugin=None) -> dict[str, dict]:
             "-m",
             "xpufakes.proof.modeltrace",
             str(root),
-            model,
+            ",".join(models),
             str(out),
         ]
         + ["--standins", kernels, "--configurations", "default,sp", *extra],
@@ -74,15 +81,18 @@ def trace(root, tmp_path, model: str = MODEL, plugin=None) -> dict[str, dict]:
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS), PYTHONDONTWRITEBYTECODE="1"),
     )
     assert done.returncode == 0 and out.is_file(), done.stderr[-3000:]
-    found = json.loads(out.read_text())
-    assert found["model"] == model
-    results = {c["configuration"]: c for c in found["configurations"]}
-    if plugin:
-        results["plugin"] = found["plugin"]
-        results["without plugin"] = {
-            c["configuration"]: c for c in found["without_plugin"]
-        }
-    return results
+    found = json.loads(out.read_text())["models"]
+    assert [m["model"] for m in found] == models
+    every = {}
+    for model in found:
+        results = {c["configuration"]: c for c in model["configurations"]}
+        if plugin:
+            results["plugin"] = model["plugin"]
+            results["without plugin"] = {
+                c["configuration"]: c for c in model["without_plugin"]
+            }
+        every[model["model"]] = results
+    return every
 
 
 def audited(root) -> tuple[int, dict]:
@@ -115,6 +125,33 @@ def on_the_xpu_paths(result: dict) -> None:
 
 
 NO_FAKE = "Unsupported: Operator does not support running with fake tensors"
+
+# The IPEX era's int4 (issue 33): Qwen3, int4 AWQ from its checkpoint's
+# quantization_config, float16; vLLM runs it as its deprecated "ipex" method
+# (allowed, as a user allows it on 0.14), IPEXAWQLinearMethod, which makes
+# IPEX's WOQ linear module while loading (the reference one: its forward
+# calls the torch_ipex WOQ ops, CompositeImplicitAutograd kernels that read
+# the tensors' data, as IPEX's XPU build registers them). Before the WOQ
+# stand-in was given to the trace, the model was not built at all ("no IPEX
+# WOQ linear stand-in was given").
+AWQ = "qwen3_awq"
+
+
+def unpatched_int4_fails(results: dict) -> None:
+    """Unpatched: built (IPEXAWQLinearMethod on every linear layer, in
+    float16), its trace fails at the WOQ module's op under fake tensors."""
+    for configuration, result in results.items():
+        assert result["result"] == "failed", result
+        # 2 layers x (qkv, o, gate_up, down)
+        assert result["methods"]["IPEXAWQLinearMethod"] == 8, result["methods"]
+        if configuration == "default":  # sp stops at the norm first
+            assert result["error"].startswith("TorchRuntimeError: "), result
+            assert "(torch_ipex.mm_int4)" in modelproof.cell(result), result
+            assert result["where"][-2].startswith(
+                "vllm/model_executor/layers/quantization/ipex_quant.py:"
+            ), result["where"]
+
+
 PYBIND11 = (
     "Attempted to call function marked as skipped Explanation: Dynamo does not "
     "know how to trace the builtin `vllm._C.ops.PyCapsule.{}.`"
@@ -123,7 +160,9 @@ PYBIND11 = (
 
 def test_unpatched_b6_like_tree_fails_with_the_reports_error(tmp_path):
     root = downstream.b6_like(tmp_path / "tree")
-    results = trace(root, tmp_path)
+    every = traces(root, tmp_path, [MODEL, AWQ])
+    unpatched_int4_fails(every[AWQ])
+    results = every[MODEL]
     default, sp = results["default"], results["sp"]
     for result in results.values():
         on_the_xpu_paths(result)
@@ -325,3 +364,99 @@ def test_plugin_traces_the_unpatched_tree_whole(which, model, plugin_site, tmp_p
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
         expected = OPAQUE | PLUGIN_OPS[(which, model, configuration)]
         assert set(result["ops"]) == expected, result
+
+
+# `make audit MODEL=a,b` and `MODEL=all` (issue 33): the audit's own part
+# once, then every model in one process, a table of model x configuration;
+# a model that cannot be built is "not built" with the first line of its
+# real error, and the static result is printed all the same. (Before, the
+# audit printed only "the model proof ... did not finish ...: it needs the
+# tree's dependencies (... make venv-tree)", whatever the cause.)
+
+BUILD_ERROR = "raised by this test while Qwen3MoeForCausalLM is built"
+
+
+def test_models_by_commas_a_table_with_a_model_not_built(tmp_path):
+    root = downstream.b6_like(tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # Qwen3-MoE's class raises while it is built; Qwen3-VL-MoE's text model
+    # does not call its __init__ (it is built as before)
+    module = root / "vllm" / "model_executor" / "models" / "qwen3_moe.py"
+    text = module.read_text()
+    start = text.index("class Qwen3MoeForCausalLM(")
+    body = text.index("        super().__init__()\n", start)
+    module.write_text(
+        text[:body]
+        + f"        raise RuntimeError({BUILD_ERROR!r} + '\\nmore')\n"
+        + text[body:]
+    )
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-m", "xpufakes", "audit", str(root)]
+        + ["--model", f"qwen3_vl_moe,qwen3_moe,{AWQ}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+    )
+    out = done.stdout
+    assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
+    # the static audit's result, in full
+    assert "\nOK: every traced tensor-returning op has a conformant fake" in out, out
+    # the table: model x configuration
+    head = out.index("Models traced whole (model x configuration):\n")
+    rows = [line.split(" | ") for line in out[head:].splitlines()[1:5]]
+    assert [[c.strip() for c in row] for row in rows[:1]] == [
+        ["model", "default", "sp"]
+    ], rows
+    cells = {row[0].strip(): [c.strip() for c in row[1:]] for row in rows[1:]}
+    for model in ("qwen3_vl_moe", AWQ):
+        assert cells[model] == ["traced whole, 1 graph(s), 0 graph break(s)"] * 2
+    # the int4 AWQ model, patched: IPEX's WOQ module as the one op
+    awq = out[out.index(f"model {AWQ}: ") : head]
+    assert awq.count("ops in the graph: vllm::ipex_woq_linear, ") == 2, awq
+    for said in cells["qwen3_moe"]:
+        assert said.startswith(f"not built: RuntimeError: {BUILD_ERROR} (qwen3_moe.py:")
+    assert "  4 of 6 traced whole" in out
+    # the real error, where it was raised; no word of a missing venv
+    assert f"  default: FAIL: not built: RuntimeError: {BUILD_ERROR}\n" in out
+    assert "venv-tree" not in out + done.stderr and "did not finish" not in out
+
+
+def test_the_venv_is_named_only_where_it_is_missing(tmp_path, monkeypatch):
+    """A Python without the tree's dependencies (here: a bare venv, no
+    torch): `make venv-tree` is named only where .venv-tree does not exist;
+    where it does, the Python that lacks the module is named."""
+    bare = tmp_path / "bare"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True
+    )
+    python = str(bare / "bin" / "python")
+    root = releases.pristine(PLAIN)
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    assert modelproof.TREE_PYTHON.exists()
+    monkeypatch.setattr(modelproof, "TREE_PYTHON", tmp_path / "no-venv" / "python")
+    [found] = modelproof.run_all(root, ["qwen3_moe"], kernels, "default,sp", python)
+    for result in found["configurations"]:
+        assert result["result"] == "not built", result
+        assert result["error"].startswith(f"the model proof's Python ({python})")
+        assert result["error"].endswith(": No module named 'torch'"), result
+    assert "make venv-tree" in found["venv"], found["venv"]
+    assert "make venv-tree" in modelproof.table(found)
+    monkeypatch.undo()  # .venv-tree exists
+    said = modelproof.venv_missing(found, python)
+    assert "venv-tree" in said and "make venv-tree" not in said, said
+    assert f"{python} has no module 'torch'" in said, said
+    # its own Python: the missing module is the tree's error alone
+    assert modelproof.venv_missing(found, str(modelproof.TREE_PYTHON)) == ""
+
+
+def test_model_names():
+    assert modelproof.names(" qwen3_moe, qwen3_vl_moe ") == [
+        "qwen3_moe",
+        "qwen3_vl_moe",
+    ]
+    every = modelproof.names("all")
+    assert {"qwen3_moe", "qwen3_vl_moe"} <= set(every) and len(every) == len(set(every))
+    with pytest.raises(Refusal, match="unknown model 'nope' \\(known: "):
+        modelproof.names("qwen3_moe,nope")

@@ -228,7 +228,8 @@ def _parser() -> argparse.ArgumentParser:
             "metavar": "NAME",
             "default": "",
             "help": "also trace that model of data/models.toml (qwen3_vl_moe, "
-            "qwen3_moe) whole, as vLLM compiles it",
+            "qwen3_moe) whole, as vLLM compiles it; several: a,b; every "
+            "one: all",
         },
     )
     configurations = (

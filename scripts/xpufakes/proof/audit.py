@@ -174,7 +174,7 @@ class Result:
     kernels: str
     reports: list[OpReport]
     untraceable: list[reach.Finding]
-    model: dict | None = None  # MODEL=: the model proof's result
+    models: list[dict] | None = None  # MODEL=: each model proof's result
     plugin: "PluginReport | None" = None  # the installed vLLM plugin
 
     @property
@@ -186,7 +186,7 @@ class Result:
 
     @property
     def failing(self) -> bool:
-        model_fails = self.model is not None and modelproof.failing(self.model)
+        model_fails = any(modelproof.failing(m) for m in self.models or [])
         return any(r.failing for r in self.reports) or bool(self.reached) or model_fails
 
 
@@ -200,14 +200,14 @@ def run(
     plugin: str = "",
 ) -> "Result | str":
     """`make audit`: the audit of a tree (with `model`, that model traced
-    whole too: modelproof.py), or what makes it not affected (a release in
+    whole too, or several: "a,b" or "all", after one audit and in one
+    process: modelproof.py), or what makes it not affected (a release in
     which nothing on XPU is traced). Refused if the fakes are to be loaded
     (`dynamic`) or a model traced and this Python has no torch."""
     unaffected = base.not_affected(found)
     if unaffected:
         return f"{unaffected}: nothing on XPU is traced, so no op needs a fake"
-    if model:
-        modelproof.check_name(model)
+    chosen = modelproof.names(model) if model else []
     if (dynamic or model) and importlib.util.find_spec("torch") is None:
         raise Refusal(
             "audit loads the tree's fakes with torch (--model traces a model "
@@ -218,10 +218,10 @@ def run(
         )
     installed = installed_plugin.find(found.root, plugin)
     result = audit(found, dynamic, standins, prefer, installed)
-    if model:
-        result.model = modelproof.run(
+    if chosen:
+        result.models = modelproof.run_all(
             found.root,
-            model,
+            chosen,
             result.kernels,
             configurations,
             plugin=installed.directory if installed else None,
@@ -370,8 +370,10 @@ def table(found: tree.Tree, result: Result) -> str:
                 else "tree, none reached)"
             )
         )
-    if result.model is not None:
-        lines += ["", modelproof.table(result.model)]
+    for model in result.models or []:
+        lines += ["", modelproof.table(model)]
+    if result.models:
+        lines += ["", modelproof.matrix(result.models)]
     return "\n".join(lines)
 
 
@@ -422,7 +424,8 @@ def to_json(found: tree.Tree, result: Result) -> str:
             "untraceable": [
                 asdict(f) | {"reached": f.reached} for f in result.untraceable
             ],
-            **({"model": result.model} if result.model is not None else {}),
+            **({"models": result.models} if result.models is not None else {}),
+            **({"model": result.models[0]} if len(result.models or []) == 1 else {}),
             **(
                 {
                     "plugin": {

@@ -10,9 +10,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xpufakes.common import isolated
+from xpufakes.common import isolated, paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import models
+
+# `make audit MODEL=all`: every model of data/models.toml
+ALL = "all"
+# The venv `make audit MODEL=...` traces with (the Makefile's TREE_VENV):
+# vLLM's dependencies
+TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
 
 
 def check_name(name: str) -> models.Model:
@@ -26,6 +32,17 @@ def check_name(name: str) -> models.Model:
     return known[name]
 
 
+def names(text: str) -> list[str]:
+    """MODEL=: a model's name, several separated by commas, or "all" (every
+    model of data/models.toml); a Refusal naming an unknown one."""
+    if text.strip() == ALL:
+        return list(models.load())
+    chosen = [n.strip() for n in text.split(",") if n.strip()]
+    for name in chosen or [text]:
+        check_name(name)
+    return list(dict.fromkeys(chosen))
+
+
 def run(
     root: Path,
     name: str,
@@ -34,30 +51,92 @@ def run(
     python: str = "",
     plugin: Path | None = None,
 ) -> dict:
-    """modeltrace's result for the tree (its JSON), run with `python` (this
-    one if not given), or a Refusal with the end of what the child said if
-    it wrote none. `plugin`: the directory this project's vLLM plugin is
-    installed in, whose register() runs before the model is built."""
+    """modeltrace's result for one model of the tree (run_all)."""
+    return run_all(root, [name], standins, configurations, python, plugin)[0]
+
+
+def run_all(
+    root: Path,
+    chosen: list[str],
+    standins: str,
+    configurations: str,
+    python: str = "",
+    plugin: Path | None = None,
+) -> list[dict]:
+    """modeltrace's result for each of the models (its JSON), traced in one
+    process with `python` (this one if not given) that sets up once. A
+    model that could not be built is in it, each configuration "not built"
+    with the error; if the process wrote nothing, each is "not built" with
+    the end of what it said. `plugin`: the directory this project's vLLM
+    plugin is installed in, whose register() runs before the models are
+    built."""
     models.configurations(configurations)
     python = python or sys.executable
     with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
         out = Path(work) / "model.json"
         done = subprocess.run(
-            [python, "-m", "xpufakes.proof.modeltrace", str(root), name, str(out)]
-            + ["--standins", standins, "--configurations", configurations]
+            [python, "-m", "xpufakes.proof.modeltrace", str(root), ",".join(chosen)]
+            + [str(out), "--standins", standins, "--configurations", configurations]
             + (["--plugin", str(plugin)] if plugin else []),
             capture_output=True,
             text=True,
             env=isolated.env(),  # nothing written to the tree
         )
-        if done.returncode != 0 or not out.is_file():
+        if out.is_file():
+            found = json.loads(out.read_text())["models"]
+        else:
             tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
-            raise Refusal(
-                f"the model proof of {name} did not finish in {python} "
-                f"({tail}): it needs the tree's dependencies (`make audit "
-                "MODEL=...` uses .venv-tree, made by `make venv-tree`)"
-            )
-        return json.loads(out.read_text())
+            error = {
+                "result": "not built",
+                "error": f"the model proof's Python ({python}) exited with "
+                f"status {done.returncode}: {tail}",
+                "where": [],
+                "graphs": 0,
+                "graph_breaks": 0,
+                "ops": [],
+            }
+            missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", tail)
+            if missing:
+                error["missing"] = missing.group(1)
+            known = models.load()
+            found = [
+                {
+                    "tree": str(root),
+                    "model": name,
+                    "what": known[name].what,
+                    "standins": standins,
+                    "configurations": [
+                        {"configuration": c} | error
+                        for c in models.configurations(configurations)
+                    ],
+                }
+                for name in chosen
+            ]
+    for model in found:
+        said = venv_missing(model, python)
+        if said:
+            model["venv"] = said
+    return found
+
+
+def venv_missing(found: dict, python: str) -> str:
+    """What to say when a model was not built for a module its Python does
+    not have: that it needs `make venv-tree` only where that venv is really
+    missing; "" otherwise (the error itself says what failed)."""
+    missing = [c["missing"] for c in found["configurations"] if c.get("missing")]
+    venv = Path(python).absolute().parent.parent
+    if not missing or venv.resolve() == TREE_PYTHON.parent.parent.resolve():
+        return ""
+    if TREE_PYTHON.exists():
+        return (
+            f"{python} has no module {missing[0]!r}: `make audit MODEL=...` "
+            f"traces with {TREE_PYTHON}, which has the tree's dependencies"
+        )
+    return (
+        f"the model proof of {found['model']} did not finish in {python} "
+        f"(No module named {missing[0]!r}): it needs the tree's dependencies "
+        "(`make audit MODEL=...` uses .venv-tree, made by `make venv-tree`)"
+    )
 
 
 def failing(found: dict) -> bool:
@@ -80,19 +159,53 @@ def _what(result: dict) -> str:
 
 def summary(found: dict) -> str:
     """One line: each configuration's result."""
-    said = []
-    for c in found["configurations"]:
-        if c["result"] == "traced":
-            said.append(
-                f"{c['configuration']}: traced whole, {c['graphs']} graph(s), "
-                f"{c['graph_breaks']} graph break(s)"
-            )
-        elif c["result"] == "failed":
-            where = (c["where"] or ["?"])[-1]
-            said.append(f"{c['configuration']}: fails, {_what(c)} at {where}")
-        else:
-            said.append(f"{c['configuration']}: {c['result']}")
-    return "; ".join(said)
+    return "; ".join(
+        f"{c['configuration']}: {cell(c)}" for c in found["configurations"]
+    )
+
+
+def cell(c: dict, short: bool = False) -> str:
+    """A configuration's result in a few words: traced whole (graphs,
+    graph breaks), fails (the error, where), not built (the error's first
+    line); `short`: where as the file's name and line."""
+
+    def at(frames: list[str]) -> str:
+        where = (frames or ["?"])[-1]
+        return where.rsplit("/", 1)[-1] if short else where
+
+    if c["result"] == "traced":
+        return (
+            f"traced whole, {c['graphs']} graph(s), {c['graph_breaks']} graph break(s)"
+        )
+    if c["result"] == "failed":
+        return f"fails, {_what(c)} at {at(c['where'])}"
+    if c["result"] == "writes lost":
+        return f"fails, writes lost: {', '.join(c['dropped'])}"
+    if c["result"] == "not built":
+        where = f" ({at(c['where'])})" if c.get("where") else ""
+        return f"not built: {c['error']}{where}"
+    return "fails, the forward was not compiled"
+
+
+def matrix(found: list[dict]) -> str:
+    """The models traced (`make audit MODEL=all`): a table of model x
+    configuration, each cell traced whole, fails or not built."""
+    configurations = list(
+        dict.fromkeys(c["configuration"] for m in found for c in m["configurations"])
+    )
+    rows = [["model", *configurations]]
+    for m in found:
+        by = {c["configuration"]: cell(c, short=True) for c in m["configurations"]}
+        rows.append([m["model"], *(by.get(c, "-") for c in configurations)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["Models traced whole (model x configuration):"]
+    for row in rows:
+        cells = (v.ljust(w) for v, w in zip(row, widths, strict=True))
+        lines.append("  " + " | ".join(cells).rstrip())
+    traced = sum(c["result"] == "traced" for m in found for c in m["configurations"])
+    total = sum(len(m["configurations"]) for m in found)
+    lines.append(f"  {traced} of {total} traced whole")
+    return "\n".join(lines)
 
 
 def table(found: dict) -> str:
@@ -104,6 +217,10 @@ def table(found: dict) -> str:
         f"stand-ins: {found['standins']}",
     ]
     for c in found["configurations"]:
+        if c["result"] == "not built":
+            lines.append(f"  {c['configuration']}: FAIL: not built: {c['error']}")
+            lines.extend(f"      {where}" for where in c["where"])
+            continue
         custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
         said = f"  {c['configuration']} (custom ops: {custom_ops}): "
         if c["result"] == "traced":
@@ -119,4 +236,6 @@ def table(found: dict) -> str:
             lines.extend(f"      {where}" for where in c["where"])
         else:
             lines.append(said + "FAIL: the forward was not compiled")
+    if found.get("venv"):
+        lines.append(f"  {found['venv']}")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ class Model:
     inputs: str  # "embeds" or "ids"
     positions: str  # "mrope" or "1d"
     quantization: str
+    dtype: str  # the model's dtype (`--dtype`): what its quantization takes
     config: dict
 
 
@@ -41,6 +42,7 @@ def load() -> dict[str, Model]:
             entry["inputs"],
             entry["positions"],
             entry["quantization"],
+            entry["dtype"],
             entry["config"],
         )
         for name, entry in data.items()

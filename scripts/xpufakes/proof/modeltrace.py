@@ -2,8 +2,8 @@
 at a tiny size (data/models.toml) and trace its forward as vLLM compiles it,
 on the XPU platform's code paths, in one Python with torch:
 
-    python -m xpufakes.proof.modeltrace TREE MODEL OUT.json --standins KERNELS
-        [--configurations default,sp]
+    python -m xpufakes.proof.modeltrace TREE MODEL[,MODEL...] OUT.json
+        --standins KERNELS [--configurations default,sp]
 
 What runs as released (or as patched): the tree's model classes, layers,
 quantization methods (chosen by the tree for the XPU platform: online fp8 is
@@ -36,7 +36,12 @@ processor at module level; the vision path is not run); the device: tensors
 are on the CPU (DeviceConfig "cpu") while vLLM's current platform is its
 XPUPlatform. The distributed groups are one process on gloo (TP=1).
 
-Writes a JSON list, one entry per configuration (see trace_one).
+Writes a JSON object: the tree, the stand-ins, the set-up's seconds and
+`models`, one entry per model (model, what, configurations: one result per
+configuration, see trace_one). The models share the process and its set-up.
+A model that cannot be built under a configuration (vLLM refuses its
+configuration, a stand-in is missing, the set-up failed) is "not built",
+with the first line of the error and where it was raised.
 """
 
 import argparse
@@ -81,7 +86,12 @@ def _setup(tree: Path, standins: str) -> list:
     made.install_torchvision()
     made.install_downstream_packages()
     kept = [made.define_torch_ipex_ops(), made.define_loading_ops("torch_ipex")]
-    made.install_ipex()
+    # IPEX's WOQ linear module (int4 AWQ / GPTQ: IPEXAWQLinearMethod,
+    # IPEXGPTQLinearMethod make it while loading): the reference one, whose
+    # forward calls the torch_ipex WOQ ops as IPEX's XPU forward does
+    reference = loading.reference()
+    kept.append(reference.define_torch_ipex_woq_kernels())
+    made.install_ipex(woq_from_weight=reference.ReferenceWOQLinear.from_weight)
     loading.stub_vllm_extensions(tree)
     if "vllm-xpu-kernels" in standins or _imports_xpu_kernels(tree):
         loading.stub_xpu_kernel_package()
@@ -283,13 +293,18 @@ def _vllm_config(model: model_data.Model, directory: Path, configuration: str):
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 
     _register(model)
+    # IPEX's int4 (AWQ, GPTQ) is the deprecated method "ipex" where vLLM has
+    # deprecated methods (0.14): a user allows it to run such a checkpoint
+    fields = getattr(ModelConfig, "__dataclass_fields__", {})
+    allow = "allow_deprecated_quantization" in fields
     model_config = ModelConfig(
         model=str(directory),
         tokenizer=str(directory),
         skip_tokenizer_init=True,
         quantization=model.quantization,
-        dtype="bfloat16",
+        dtype=model.dtype,
         max_model_len=4096,
+        **({"allow_deprecated_quantization": True} if allow else {}),
     )
     _rope_theta_as_an_attribute(model_config)
     return VllmConfig(
@@ -419,13 +434,39 @@ def _mode_name(mode) -> str:
     return f"level {mode}" + (f" ({names[0]})" if names else "")
 
 
+def not_built(error: BaseException, tree: Path, start: float | None = None) -> dict:
+    """The result of a model that could not be built: the first line of the
+    error, the frames of the tree it passed through (innermost last), the
+    end of its traceback, and the missing module of a ModuleNotFoundError."""
+    lines = str(error).strip().splitlines() or [""]
+    frames = []
+    for frame in traceback.extract_tb(error.__traceback__):
+        path = Path(frame.filename)
+        if path.is_relative_to(tree):
+            frames.append(f"{path.relative_to(tree)}:{frame.lineno} {frame.name}")
+    said = {
+        "result": "not built",
+        "error": f"{type(error).__name__}: {lines[0].strip()}",
+        "where": frames,
+        "traceback": "".join(traceback.format_exception(error))[-3000:],
+        "graphs": 0,
+        "graph_breaks": 0,
+        "ops": [],
+    }
+    if isinstance(error, ModuleNotFoundError):
+        said["missing"] = error.name
+    if start is not None:
+        said["seconds"] = round(time.monotonic() - start, 1)
+    return said
+
+
 def trace_one(
     model: model_data.Model, configuration: str, work: Path, tree: Path
 ) -> dict:
     """Build the model under one configuration and trace it. Returns
     {configuration, mode, custom_ops, forwards, methods, result ("traced",
-    "failed", "not compiled"), graphs, graph_breaks, ops, nodes | error,
-    where, seconds}."""
+    "failed", "not compiled", "writes lost", "not built"), graphs,
+    graph_breaks, ops, nodes | error, where, seconds}."""
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -436,7 +477,10 @@ def trace_one(
     torch._dynamo.reset()
     counters.clear()
     captured: list = []
-    vllm_config = _vllm_config(model, _config_dir(model, work), configuration)
+    try:
+        vllm_config = _vllm_config(model, _config_dir(model, work), configuration)
+    except Exception as e:  # noqa: BLE001 - the result
+        return {"configuration": configuration} | not_built(e, tree, start)
     compilation = vllm_config.compilation_config
     mode = getattr(compilation, "mode", None)
     if mode is None:
@@ -449,10 +493,13 @@ def trace_one(
     backend = _backend(captured)
     CompilationConfig.init_backend = lambda self, *args, **kwargs: backend
     with set_current_vllm_config(vllm_config):
-        _distributed(vllm_config, work)
-        built = _build(model, vllm_config)
-        result |= _described(built)
-        inputs = _inputs(model, built)
+        try:
+            _distributed(vllm_config, work)
+            built = _build(model, vllm_config)
+            result |= _described(built)
+            inputs = _inputs(model, built)
+        except Exception as e:  # noqa: BLE001 - the result
+            return result | not_built(e, tree, start)
         try:
             with set_forward_context(None, vllm_config), torch.inference_mode():
                 built(**inputs)
@@ -502,7 +549,9 @@ def trace_one(
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m xpufakes.proof.modeltrace")
     parser.add_argument("tree")
-    parser.add_argument("model")
+    parser.add_argument(
+        "model", help="a model of data/models.toml, or several, by commas"
+    )
     parser.add_argument("out")
     parser.add_argument("--standins", required=True)
     parser.add_argument("--configurations", default=",".join(model_data.CONFIGURATIONS))
@@ -520,31 +569,45 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     tree = Path(args.tree).resolve()
-    model = model_data.load()[args.model]
+    known = model_data.load()
+    chosen_models = [known[name] for name in args.model.split(",")]
     chosen = model_data.configurations(args.configurations)
     start = time.monotonic()
-    kept = _setup(tree, args.standins)
+    kept, failed = [], None
+    try:
+        kept = _setup(tree, args.standins)
+    except Exception as e:  # noqa: BLE001 - every model is not built
+        failed = not_built(e, tree)
     imported = time.monotonic() - start
-    results, plugin, without = [], None, None
+
+    def each(model, work: Path) -> list[dict]:
+        if failed is not None:
+            return [{"configuration": c} | failed for c in chosen]
+        return [trace_one(model, c, work, tree) for c in chosen]
+
+    found = {
+        m.name: {"tree": str(tree), "model": m.name, "what": m.what}
+        for m in chosen_models
+    }
     with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
         if args.plugin and args.without_plugin_first:
-            without = [trace_one(model, c, Path(work), tree) for c in chosen]
-        if args.plugin:
+            for m in chosen_models:
+                found[m.name]["without_plugin"] = each(m, Path(work))
+        if args.plugin and failed is None:
             plugin = loading.load_plugin(Path(args.plugin))
-        for configuration in chosen:
-            results.append(trace_one(model, configuration, Path(work), tree))
+            for m in chosen_models:
+                found[m.name]["plugin"] = plugin
+        for m in chosen_models:
+            found[m.name]["configurations"] = each(m, Path(work))
     del kept
+    shared = {"standins": args.standins, "setup_seconds": round(imported, 1)}
     Path(args.out).write_text(
         json.dumps(
             {
                 "tree": str(tree),
-                "model": model.name,
-                "what": model.what,
-                "standins": args.standins,
-                "setup_seconds": round(imported, 1),
-                **({"plugin": plugin} if plugin is not None else {}),
-                **({"without_plugin": without} if without is not None else {}),
-                "configurations": results,
+                **shared,
+                **({"setup_error": failed} if failed is not None else {}),
+                "models": [found[m.name] | shared for m in chosen_models],
             },
             indent=2,
         )

@@ -214,7 +214,8 @@ def validate(
         if (after / OPAQUE_CALLS).is_file():
             evidence.model_before = _model(before, standins, python)
             evidence.model_after = _model(after, standins, python)
-            if "fails" in evidence.model_after.result:
+            said = evidence.model_after.result
+            if "fails" in said or "not built" in said:
                 raise Refusal(
                     "the staged tree does not trace the whole model: "
                     + evidence.model_after.result
