@@ -13,11 +13,13 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import tomllib
 import traceback
 import types
 from pathlib import Path
 
 from xpufakes.changes.kernels import REFERENCE
+from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import standins
 from xpufakes.trees import natives, tree
@@ -55,6 +57,70 @@ def define_standins(kernels: str) -> list:
     if package == "vllm-xpu-kernels":
         return [ref.define_xpu_c_kernels(release)]
     raise ValueError(f"unknown kernel package {package!r}")
+
+
+XPU_KERNELS_C = paths.DATA / "xpu_kernels_c.toml"
+
+
+def xpu_kernels_c_schemas(kernels: str) -> dict[str, str]:
+    """vllm-xpu-kernels' `_C` ops of data/xpu_kernels_c.toml as the release
+    named in `kernels` ("vllm-xpu-kernels 0.1.15.4"; several separated by
+    ";") registers them: op -> its schema. {} if no part of `kernels` is a
+    vllm-xpu-kernels release."""
+    releases = [
+        part.strip().partition(" ")[2]
+        for part in kernels.split(";")
+        if part.strip().startswith("vllm-xpu-kernels ")
+    ]
+    if not releases:
+        return {}
+
+    release = _kernels_version(releases[0])
+    data = tomllib.loads(XPU_KERNELS_C.read_text())["_C"]
+    schemas = {}
+    for name, history in data.items():
+        known = [s for since, s in history if _kernels_version(since) <= release]
+        if known:
+            schemas[name] = known[-1]
+    return schemas
+
+
+def _kernels_version(text: str) -> tuple[float, ...]:
+    """A vllm-xpu-kernels release as numbers; "main" after every release."""
+    if text == "main":
+        return (float("inf"),)
+    return tuple(int(n) for n in text.split("+")[0].split(".") if n.isdigit())
+
+
+def xpu_kernels_c_has(kernels: str, op: str) -> bool | None:
+    """Whether the vllm-xpu-kernels release named in `kernels` defines
+    `_C::<op>` (data/xpu_kernels_c.toml); None if `kernels` names none."""
+    releases = [
+        part.strip().partition(" ")[2]
+        for part in kernels.split(";")
+        if part.strip().startswith("vllm-xpu-kernels ")
+    ]
+    if not releases:
+        return None
+    first = tomllib.loads(XPU_KERNELS_C.read_text())["first_release"]
+    since = first.get(op)
+    return since is not None and _kernels_version(since) <= _kernels_version(
+        releases[0]
+    )
+
+
+def define_xpu_kernels_c(kernels: str) -> list:
+    """The `_C` ops of a vllm-xpu-kernels release (xpu_kernels_c_schemas)
+    defined with CPU kernels, and its `_xpu_C` device queries (their schemas
+    from data/op_schemas.toml); [] for other kernels. Keep it referenced."""
+    schemas = xpu_kernels_c_schemas(kernels)
+    if not schemas:
+        return []
+    xpu_c = tomllib.loads((paths.DATA / "op_schemas.toml").read_text())["_xpu_C"]
+    return [
+        standins.define_xpu_kernels_c_ops(schemas),
+        standins.define_xpu_device_queries(xpu_c),
+    ]
 
 
 def stub_xpu_kernel_package() -> None:

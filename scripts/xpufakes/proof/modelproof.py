@@ -139,8 +139,15 @@ def venv_missing(found: dict, python: str) -> str:
     )
 
 
+# A configuration the tree itself cannot run on XPU (a setting it does not
+# have, a model its XPU platform has no path for): its reason, not a failure
+TREE_LIMIT = "tree limit"
+
+
 def failing(found: dict) -> bool:
-    return any(c["result"] != "traced" for c in found["configurations"])
+    return any(
+        c["result"] not in ("traced", TREE_LIMIT) for c in found["configurations"]
+    )
 
 
 def _what(result: dict) -> str:
@@ -184,12 +191,15 @@ def cell(c: dict, short: bool = False) -> str:
     if c["result"] == "not built":
         where = f" ({at(c['where'])})" if c.get("where") else ""
         return f"not built: {c['error']}{where}"
+    if c["result"] == TREE_LIMIT:
+        return f"the tree's limit: {c['error']}"
     return "fails, the forward was not compiled"
 
 
 def matrix(found: list[dict]) -> str:
     """The models traced (`make audit MODEL=all`): a table of model x
-    configuration, each cell traced whole, fails or not built."""
+    configuration, each cell traced whole, fails, not built or the tree's
+    limit (what the tree itself cannot run on XPU, with its reason)."""
     configurations = list(
         dict.fromkeys(c["configuration"] for m in found for c in m["configurations"])
     )
@@ -204,7 +214,9 @@ def matrix(found: list[dict]) -> str:
         lines.append("  " + " | ".join(cells).rstrip())
     traced = sum(c["result"] == "traced" for m in found for c in m["configurations"])
     total = sum(len(m["configurations"]) for m in found)
-    lines.append(f"  {traced} of {total} traced whole")
+    limits = sum(c["result"] == TREE_LIMIT for m in found for c in m["configurations"])
+    limited = f"; {limits} the tree's limit (not run on XPU by the tree)"
+    lines.append(f"  {traced} of {total} traced whole" + (limited if limits else ""))
     return "\n".join(lines)
 
 
@@ -220,6 +232,9 @@ def table(found: dict) -> str:
         if c["result"] == "not built":
             lines.append(f"  {c['configuration']}: FAIL: not built: {c['error']}")
             lines.extend(f"      {where}" for where in c["where"])
+            continue
+        if c["result"] == TREE_LIMIT:
+            lines.append(f"  {c['configuration']}: the tree's limit: {c['error']}")
             continue
         custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
         said = f"  {c['configuration']} (custom ops: {custom_ops}): "

@@ -51,6 +51,7 @@ import importlib.machinery
 import inspect
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -116,6 +117,9 @@ def _setup(tree: Path, standins: str) -> list:
         )
     vllm.platforms._current_platform = XPUPlatform()
     kept += loading.define_standins(standins)
+    # vllm-xpu-kernels' _C activations, norms and rotary embedding (the dense
+    # path's CustomOps take them in __init__), as the release registers them
+    kept += loading.define_xpu_kernels_c(standins)
     loading.import_registering_module(None)  # the tree's own fakes, as on XPU
     _adapt_to_this_torch()
     return kept
@@ -265,16 +269,29 @@ def _config_dir(model: model_data.Model, work: Path) -> Path:
     return path
 
 
+class TreeLimit(Exception):
+    """What the tree itself cannot do on XPU (a configuration it does not
+    have, a model its XPU platform cannot run): the reason."""
+
+
+# sequence parallelism's switch, as each tree names it: PassConfig.enable_sp
+# (0.13 - 0.31), enable_sequence_parallelism before; 0.32.0 removed it
+SP_FIELDS = ("enable_sp", "enable_sequence_parallelism")
+
+
 def _compilation_config(configuration: str):
     from vllm.config import CompilationConfig
 
     if configuration == "default":
         return CompilationConfig()
-    # sp: sequence parallelism (PassConfig.enable_sp, enable_sequence_parallelism
-    # before 0.13)
     fields = CompilationConfig().pass_config.__dataclass_fields__
-    name = "enable_sp" if "enable_sp" in fields else "enable_sequence_parallelism"
-    return CompilationConfig(pass_config={name: True})
+    names = [name for name in SP_FIELDS if name in fields]
+    if not names:
+        raise TreeLimit(
+            "the tree has no sequence parallelism (its PassConfig has none "
+            f"of {', '.join(SP_FIELDS)})"
+        )
+    return CompilationConfig(pass_config={names[0]: True})
 
 
 def _register(model: model_data.Model) -> None:
@@ -329,39 +346,46 @@ _DISTRIBUTED = []
 
 
 def _distributed(vllm_config, work: Path) -> None:
-    """One process, TP=1, on gloo: once per process."""
-    if _DISTRIBUTED:
-        return
+    """One process, TP=1, on gloo: the environment once per process, the
+    model-parallel groups for each model (0.16.0+ makes the expert-parallel
+    group only for a model with experts, as the current config says)."""
     from vllm.distributed import (
         init_distributed_environment,
         initialize_model_parallel,
     )
+    from vllm.distributed.parallel_state import destroy_model_parallel
 
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        distributed_init_method=f"file://{work / 'distributed'}",
-        backend="gloo",
-    )
+    if not _DISTRIBUTED:
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"file://{work / 'distributed'}",
+            backend="gloo",
+        )
+        _DISTRIBUTED.append(True)
+    else:
+        destroy_model_parallel()
     initialize_model_parallel(1, 1)
-    _DISTRIBUTED.append(True)
 
 
 def _build(model: model_data.Model, vllm_config):
     """The model as vLLM's loader makes it (its class for the architecture,
     built under the model's dtype on the device), weights random, then
-    vLLM's own processing after loading (online fp8 quantizes here)."""
+    vLLM's own processing after loading (online fp8 quantizes here). Where
+    the tree names the XPU device while doing so, the CPU (XPUOnCPU)."""
     import torch
     from vllm.model_executor.model_loader.utils import (
         process_weights_after_loading,
     )
 
+    from xpufakes.proof.standins import XPUOnCPU
+
     cls = getattr(importlib.import_module(model.module), model.cls)
     default = torch.get_default_dtype()
     torch.set_default_dtype(vllm_config.model_config.dtype)
     try:
-        with torch.device("cpu"):
+        with torch.device("cpu"), XPUOnCPU():
             built = cls(vllm_config=vllm_config, prefix="")
     finally:
         torch.set_default_dtype(default)
@@ -371,8 +395,11 @@ def _build(model: model_data.Model, vllm_config):
             if parameter.is_floating_point():
                 values = torch.randn(parameter.shape, generator=generator) * 0.02
                 parameter.copy_(values.to(parameter.dtype))
-    _finish_online_quantization(built, vllm_config.model_config)
-    process_weights_after_loading(built, vllm_config.model_config, torch.device("cpu"))
+    with XPUOnCPU():
+        _finish_online_quantization(built, vllm_config.model_config)
+        process_weights_after_loading(
+            built, vllm_config.model_config, torch.device("cpu")
+        )
     return built
 
 
@@ -460,12 +487,76 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
     return said
 
 
+def tree_limit(reason: TreeLimit, start: float) -> dict:
+    """The result of a configuration or model the tree cannot run on XPU."""
+    return {
+        "result": "tree limit",
+        "error": str(reason),
+        "where": [],
+        "graphs": 0,
+        "graph_breaks": 0,
+        "ops": [],
+        "seconds": round(time.monotonic() - start, 1),
+    }
+
+
+def _sp_turned_off(vllm_config, configuration: str) -> None:
+    """TreeLimit if sequence parallelism was asked for and the tree's
+    VllmConfig turned it off again (0.16.0+: it needs TP > 1, and the proof
+    runs one process)."""
+    if configuration != "sp":
+        return
+    pass_config = vllm_config.compilation_config.pass_config
+    names = [n for n in SP_FIELDS if n in type(pass_config).__dataclass_fields__]
+    if names and not getattr(pass_config, names[0]):
+        raise TreeLimit(
+            f"the tree's VllmConfig turned {names[0]} off (it needs tensor "
+            "parallelism > 1; the proof runs one process)"
+        )
+
+
+def _unquantized(model: model_data.Model, methods: dict) -> str:
+    """ "" or why the model's quantization reached no layer (a checkpoint
+    config the tree reads differently than the model's entry means)."""
+    if not model.quantization:
+        return ""
+    quantized = [m for m in methods if not m.startswith("Unquantized")]
+    quantized = [m for m in quantized if "KVCache" not in m]
+    if quantized:
+        return ""
+    return (
+        f"--quantization {model.quantization} quantized no layer "
+        f"(methods: {', '.join(methods) or 'none'})"
+    )
+
+
+_MISSING_OP = re.compile(r"'_OpNamespace' '_C' object has no attribute '(\w+)'")
+
+
+def _missing_kernel(error: BaseException, kernels: str) -> str:
+    """ "" or the tree's limit: the model's path (its build, weight
+    processing or traced forward) calls a `_C` op the tree's
+    vllm-xpu-kernels release does not define (on XPU it fails the same)."""
+    text = "".join(traceback.format_exception(error))
+    for op in dict.fromkeys(_MISSING_OP.findall(text)):
+        if loading.xpu_kernels_c_has(kernels, op) is False:
+            return (
+                f"the tree calls torch.ops._C.{op}, which "
+                f"{kernels.strip()} does not define (no XPU kernel)"
+            )
+    return ""
+
+
 def trace_one(
-    model: model_data.Model, configuration: str, work: Path, tree: Path
+    model: model_data.Model,
+    configuration: str,
+    work: Path,
+    tree: Path,
+    kernels: str = "",
 ) -> dict:
     """Build the model under one configuration and trace it. Returns
     {configuration, mode, custom_ops, forwards, methods, result ("traced",
-    "failed", "not compiled", "writes lost", "not built"), graphs,
+    "failed", "not compiled", "writes lost", "not built", "tree limit"), graphs,
     graph_breaks, ops, nodes | error, where, seconds}."""
     import torch
     import torch._dynamo
@@ -479,8 +570,14 @@ def trace_one(
     captured: list = []
     try:
         vllm_config = _vllm_config(model, _config_dir(model, work), configuration)
+    except TreeLimit as e:
+        return {"configuration": configuration} | tree_limit(e, start)
     except Exception as e:  # noqa: BLE001 - the result
         return {"configuration": configuration} | not_built(e, tree, start)
+    try:
+        _sp_turned_off(vllm_config, configuration)
+    except TreeLimit as e:
+        return {"configuration": configuration} | tree_limit(e, start)
     compilation = vllm_config.compilation_config
     mode = getattr(compilation, "mode", None)
     if mode is None:
@@ -497,8 +594,14 @@ def trace_one(
             _distributed(vllm_config, work)
             built = _build(model, vllm_config)
             result |= _described(built)
+            unquantized = _unquantized(model, result["methods"])
+            if unquantized:
+                raise RuntimeError(unquantized)
             inputs = _inputs(model, built)
         except Exception as e:  # noqa: BLE001 - the result
+            missing = _missing_kernel(e, kernels)
+            if missing:
+                return result | tree_limit(TreeLimit(missing), start)
             return result | not_built(e, tree, start)
         try:
             with set_forward_context(None, vllm_config), torch.inference_mode():
@@ -508,6 +611,9 @@ def trace_one(
             inner = getattr(e, "inner_exception", None)
             if isinstance(inner, Traced):
                 result |= {"result": "traced", "nodes": inner.args[0]}
+            elif _missing_kernel(inner or e, kernels):
+                reason = TreeLimit(_missing_kernel(inner or e, kernels))
+                return result | tree_limit(reason, start)
             else:
                 error = inner or e
                 text = str(error).split("\nfrom user code:")[0].strip()
@@ -583,7 +689,7 @@ def main(argv: list[str]) -> int:
     def each(model, work: Path) -> list[dict]:
         if failed is not None:
             return [{"configuration": c} | failed for c in chosen]
-        return [trace_one(model, c, work, tree) for c in chosen]
+        return [trace_one(model, c, work, tree, args.standins) for c in chosen]
 
     found = {
         m.name: {"tree": str(tree), "model": m.name, "what": m.what}

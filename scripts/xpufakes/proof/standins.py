@@ -577,6 +577,142 @@ def define_loading_ops(namespace: str) -> torch.library.Library:
 
 
 # ---------------------------------------------------------------------------
+# vllm-xpu-kernels' `_C`: the activations, norms and rotary embedding a
+# kernels-era tree calls on a model's dense path (its CustomOps take them in
+# __init__, `self.op = torch.ops._C.silu_and_mul`)
+# ---------------------------------------------------------------------------
+
+
+def _and_mul(activation: Callable) -> Callable:
+    """`<act>_and_mul(out, input)`: out = act(input[:d]) * input[d:]."""
+
+    def kernel(out: torch.Tensor, input: torch.Tensor) -> None:
+        d = input.size(-1) // 2
+        out.copy_(activation(input[..., :d].float()) * input[..., d:].float())
+
+    return kernel
+
+
+def _elementwise(activation: Callable) -> Callable:
+    def kernel(out: torch.Tensor, input: torch.Tensor) -> None:
+        out.copy_(activation(input.float()))
+
+    return kernel
+
+
+def _mul_and_silu(out: torch.Tensor, input: torch.Tensor) -> None:
+    """`mul_and_silu(out, input)`: out = input[:d] * silu(input[d:])."""
+    d = input.size(-1) // 2
+    out.copy_(input[..., :d].float() * torch.nn.functional.silu(input[..., d:].float()))
+
+
+def _dynamic_per_token_scaled_fp8_quant(result, input, scale, scale_ub) -> None:
+    """Per-token dynamic fp8: each row's scale = its amax (at most scale_ub)
+    / fp8 max, the row divided by it."""
+    finfo = torch.finfo(result.dtype)
+    amax = input.abs().float().amax(-1, keepdim=True)
+    if scale_ub is not None:
+        amax = amax.clamp(max=scale_ub.float())
+    row_scale = (amax / finfo.max).clamp(min=1.0 / (finfo.max * 512.0))
+    scale.copy_(row_scale.view(scale.shape))
+    quantized = (input.float() / row_scale).clamp(finfo.min, finfo.max)
+    result.copy_(quantized.to(result.dtype))
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+# op -> its CPU kernel (the arguments in the schema's order); the schemas are
+# data (data/xpu_kernels_c.toml, by release), given to define_xpu_kernels_c_ops
+XPU_KERNELS_C: dict[str, Callable] = {
+    "rms_norm": rms_norm,
+    "fused_add_rms_norm": fused_add_rms_norm,
+    "silu_and_mul": _and_mul(torch.nn.functional.silu),
+    "mul_and_silu": _mul_and_silu,
+    "gelu_and_mul": _and_mul(torch.nn.functional.gelu),
+    "gelu_tanh_and_mul": _and_mul(_gelu_tanh),
+    "gelu_fast": _elementwise(_gelu_tanh),
+    "gelu_new": _elementwise(_gelu_tanh),
+    "gelu_quick": _elementwise(lambda x: x * torch.sigmoid(1.702 * x)),
+    "rotary_embedding": rotary_embedding,
+    "dynamic_per_token_scaled_fp8_quant": _dynamic_per_token_scaled_fp8_quant,
+}
+
+
+def define_xpu_kernels_c_ops(schemas: dict[str, str]) -> torch.library.Library:
+    """Define vllm-xpu-kernels' `_C` ops of `schemas` (op -> schema, of the
+    tree's release) that are not defined yet, each with its CPU kernel
+    (XPU_KERNELS_C; an op only named by vLLM's fusion passes has none) and,
+    as the package registers them, no Meta or fake kernel (an op that
+    returns nothing gets torch's own trivial fake, as on the XPU). Keep the
+    returned library referenced."""
+    lib = torch.library.Library("_C", "FRAGMENT")
+    for name, schema in schemas.items():
+        packet = getattr(torch.ops._C, name, None)
+        if packet is not None and "default" in packet.overloads():
+            continue
+        lib.define(schema)
+        if name in XPU_KERNELS_C:
+            lib.impl(name, XPU_KERNELS_C[name], "CPU")
+    return lib
+
+
+# vllm-xpu-kernels' device queries (`_xpu_C::is_xe2_arch`, ...), answered
+# for an Arc B-series GPU (BMG, Xe2: the bug report's): vLLM's XPU MoE
+# experts ask them while the model is made (0.33.0's xpu_moe.py)
+XPU_DEVICE: dict[str, bool] = {
+    "is_xe2_arch": True,
+    "is_xe3_arch": False,
+    "is_bmg": True,
+    "is_pvc": False,
+}
+
+
+def define_xpu_device_queries(schemas: dict[str, str]) -> torch.library.Library:
+    """Define the `_xpu_C` device queries of XPU_DEVICE (their schemas given,
+    as the package registers them: no dispatch key) that are not defined
+    yet. Keep the returned library referenced."""
+    lib = torch.library.Library("_xpu_C", "FRAGMENT")
+    for name, answer in XPU_DEVICE.items():
+        packet = getattr(torch.ops._xpu_C, name, None)
+        if packet is not None and "default" in packet.overloads():
+            continue
+
+        def query(device_index: int = -1, answer: bool = answer) -> bool:
+            return answer
+
+        lib.define(schemas[name])
+        lib.impl(name, query, "CompositeImplicitAutograd")
+    return lib
+
+
+class XPUOnCPU(torch.overrides.TorchFunctionMode):
+    """The XPU device, where a tree names it while it makes the model or
+    processes its weights (`.to("xpu")`, `device=current_platform.device_type`):
+    the CPU, where the tensors of the proof are; a torch without XPU cannot
+    make a tensor there."""
+
+    @staticmethod
+    def _cpu(value):
+        if isinstance(value, str) and (value == "xpu" or value.startswith("xpu:")):
+            return "cpu"
+        if isinstance(value, torch.device) and value.type == "xpu":
+            return torch.device("cpu")
+        if isinstance(value, (list, tuple)):
+            return type(value)(XPUOnCPU._cpu(v) for v in value)
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.xpu:
+            return args[0]
+        args = tuple(self._cpu(a) for a in args)
+        kwargs = {k: self._cpu(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------
 # torchvision, for the module-level imports of a multimodal model's module
 # ---------------------------------------------------------------------------
 

@@ -1,0 +1,132 @@
+"""The whole-model proof on a vllm-xpu-kernels-era release (issue 33, item 1):
+the models are built with vllm-xpu-kernels' `_C` activations, norms and
+rotary embedding as the tree's kernels release registers them
+(data/xpu_kernels_c.toml: CPU kernels, no fake of their own), and each
+cell says what the tree itself cannot run on XPU as the tree's limit.
+
+On 0.16.0 (vllm-xpu-kernels 0.1.2), unpatched:
+
+  qwen3_w4a16   compressed-tensors int4: CompressedTensorsLinearMethod on
+                XPUwNa16LinearKernel (`_xpu_C::int4_gemm_w4a16`), traced whole
+  qwen3_moe     online fp8 (`_xpu_C::fp8_gemm_w8a16`), traced whole
+  qwen3_awq     the tree's limit: 0.16.0 runs AWQ on XPU with
+                AWQLinearMethod, whose `_C::awq_gemm` the kernels lack
+  sp            the tree's limit: 0.16.0's VllmConfig turns sequence
+                parallelism off at TP=1
+
+vLLM's own fakes for the two GEMMs suffice for these traces (the unpatched
+tree traces whole: issue 33 item 4's question, answered for these models).
+The negative control: the same tree with vLLM's two fake registrations
+taken out fails each GEMM path with "Operator does not support running with
+fake tensors", at the tree's own apply.
+"""
+
+import pytest
+from test_model_trace import NO_FAKE, TREE_PYTHON, traces
+
+from support import releases
+from xpufakes.proof import loading, modelproof
+
+pytestmark = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
+
+KERNELS_ERA = "0.16.0"
+MODELS = ["qwen3_w4a16", "qwen3_moe", "qwen3_awq"]
+# 0.16.0's vllm/_xpu_ops.py registers its fakes under these guards
+FAKE_GUARDS = (
+    'if hasattr(torch.ops._xpu_C, "fp8_gemm_w8a16"):',
+    'if hasattr(torch.ops._xpu_C, "int4_gemm_w4a16"):',
+)
+
+
+def sp_is_the_trees_limit(result: dict) -> None:
+    assert result["result"] == modelproof.TREE_LIMIT, result
+    assert "turned enable_sp off" in result["error"], result
+
+
+def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
+    tmp_path,
+):
+    found = traces(releases.pristine(KERNELS_ERA), tmp_path, MODELS)
+    w4a16, moe, awq = (found[m] for m in MODELS)
+    assert w4a16["default"]["result"] == "traced", w4a16["default"]
+    # 2 layers x (qkv, o, gate_up, down), on the XPU int4 kernel
+    assert w4a16["default"]["methods"]["CompressedTensorsLinearMethod"] == 8
+    assert "_xpu_C::int4_gemm_w4a16" in w4a16["default"]["ops"]
+    assert moe["default"]["result"] == "traced", moe["default"]
+    assert "_xpu_C::fp8_gemm_w8a16" in moe["default"]["ops"]
+    assert awq["default"]["result"] == modelproof.TREE_LIMIT, awq["default"]
+    assert "torch.ops._C.awq_gemm" in awq["default"]["error"]
+    assert "vllm-xpu-kernels 0.1.2 does not define" in awq["default"]["error"]
+    for model in found.values():
+        sp_is_the_trees_limit(model["sp"])
+    assert not modelproof.failing(
+        {"configurations": [w4a16["default"], awq["default"], awq["sp"]]}
+    )
+
+    # the negative control: without vLLM's fakes of the two GEMMs
+    root = releases.copy_of(KERNELS_ERA, tmp_path / "without-fakes")
+    ops = root / "vllm" / "_xpu_ops.py"
+    text = ops.read_text()
+    for guard in FAKE_GUARDS:
+        assert guard in text
+        text = text.replace(guard, "if False:")
+    ops.write_text(text)
+    without = traces(root, tmp_path, MODELS[:2])
+    for model, op in (("qwen3_w4a16", "int4_gemm_w4a16"), ("qwen3_moe", None)):
+        result = without[model]["default"]
+        assert result["result"] == "failed", result
+        assert result["error"] == NO_FAKE, result
+        if op:
+            assert f"_xpu_C.{op}" in modelproof.cell(result), result
+
+
+def test_the_kernels_c_schemas_are_the_releases():
+    """Each release gets the schemas its csrc/torch_bindings.cpp defines
+    (read at the tags): 0.1.2 declares silu_and_mul's input and rms_norm's
+    weight mutated, 0.1.6 stopped, 0.1.12 made the norms' weight optional."""
+    old = loading.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.2")
+    assert old["silu_and_mul"] == "silu_and_mul(Tensor! out, Tensor! input) -> ()"
+    assert old["rms_norm"] == (
+        "rms_norm(Tensor! result, Tensor! input, Tensor! weight, float epsilon) -> ()"
+    )
+    assert "rms_norm_static_fp8_quant" not in old  # since 0.1.6
+    new = loading.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.15.4")
+    assert new["silu_and_mul"] == "silu_and_mul(Tensor! result, Tensor input) -> ()"
+    assert new["rms_norm"] == (
+        "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()"
+    )
+    assert loading.xpu_kernels_c_schemas("intel-extension-for-pytorch 2.8.10") == {}
+    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "awq_gemm") is False
+    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "rms_norm") is True
+    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.5", "situ_and_mul") is False
+    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.13", "situ_and_mul")
+    assert loading.xpu_kernels_c_has("intel-extension-for-pytorch 2.8.10", "x") is None
+
+
+def test_the_trees_limit_is_its_own_cell_and_no_failure():
+    limit = {
+        "configuration": "sp",
+        "result": modelproof.TREE_LIMIT,
+        "error": "the tree has no sequence parallelism",
+        "where": [],
+        "graphs": 0,
+        "graph_breaks": 0,
+        "ops": [],
+    }
+    traced = {"configuration": "default", "result": "traced", "graphs": 1}
+    traced["graph_breaks"] = 0
+    model = {"model": "m", "configurations": [traced, limit]}
+    assert not modelproof.failing(model)
+    assert modelproof.cell(limit) == (
+        "the tree's limit: the tree has no sequence parallelism"
+    )
+    table = modelproof.matrix([model])
+    assert "1 of 2 traced whole; 1 the tree's limit" in table
+    # the control: the same cell not built is a failure
+    broken = dict(limit, result="not built")
+    assert modelproof.failing({"model": "m", "configurations": [traced, broken]})
+    assert "the tree's limit" not in modelproof.matrix(
+        [{"model": "m", "configurations": [traced, broken]}]
+    )
