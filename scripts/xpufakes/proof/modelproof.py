@@ -142,11 +142,15 @@ def venv_missing(found: dict, python: str) -> str:
 # A configuration the tree itself cannot run on XPU (a setting it does not
 # have, a model its XPU platform has no path for): its reason, not a failure
 TREE_LIMIT = "tree limit"
+# An entry for other trees only (models.toml applies_to: llm-scaler's
+# sym_int4): its reason, not a failure
+NOT_FOR_THIS_TREE = "not for this tree"
 
 
 def failing(found: dict) -> bool:
     return any(
-        c["result"] not in ("traced", TREE_LIMIT) for c in found["configurations"]
+        c["result"] not in ("traced", TREE_LIMIT, NOT_FOR_THIS_TREE)
+        for c in found["configurations"]
     )
 
 
@@ -193,6 +197,8 @@ def cell(c: dict, short: bool = False) -> str:
         return f"not built: {c['error']}{where}"
     if c["result"] == TREE_LIMIT:
         return f"the tree's limit: {c['error']}"
+    if c["result"] == NOT_FOR_THIS_TREE:
+        return f"not for this tree: {c['error']}"
     return "fails, the forward was not compiled"
 
 
@@ -216,7 +222,15 @@ def matrix(found: list[dict]) -> str:
     total = sum(len(m["configurations"]) for m in found)
     limits = sum(c["result"] == TREE_LIMIT for m in found for c in m["configurations"])
     limited = f"; {limits} the tree's limit (not run on XPU by the tree)"
-    lines.append(f"  {traced} of {total} traced whole" + (limited if limits else ""))
+    others = sum(
+        c["result"] == NOT_FOR_THIS_TREE for m in found for c in m["configurations"]
+    )
+    elsewhere = f"; {others} not for this tree"
+    lines.append(
+        f"  {traced} of {total} traced whole"
+        + (limited if limits else "")
+        + (elsewhere if others else "")
+    )
     return "\n".join(lines)
 
 
@@ -233,8 +247,8 @@ def table(found: dict) -> str:
             lines.append(f"  {c['configuration']}: FAIL: not built: {c['error']}")
             lines.extend(f"      {where}" for where in c["where"])
             continue
-        if c["result"] == TREE_LIMIT:
-            lines.append(f"  {c['configuration']}: the tree's limit: {c['error']}")
+        if c["result"] in (TREE_LIMIT, NOT_FOR_THIS_TREE):
+            lines.append(f"  {c['configuration']}: {cell(c)}")
             continue
         custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
         said = f"  {c['configuration']} (custom ops: {custom_ops}): "

@@ -2,7 +2,7 @@
 (modeltrace.py, `make audit MODEL=...`): data (data/models.toml), no torch."""
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xpufakes.common import paths
 
@@ -22,13 +22,16 @@ CONFIGURATIONS = {
 class Model:
     name: str
     what: str
-    module: str
+    module: str  # "": the one the tree's ModelRegistry names for the architecture
     cls: str
     inputs: str  # "embeds" or "ids"
     positions: str  # "mrope" or "1d"
     quantization: str
     dtype: str  # the model's dtype (`--dtype`): what its quantization takes
     config: dict
+    # the trees the entry is for: {"quantization": "<method>"} only those
+    # whose vLLM knows that quantization method (llm-scaler's sym_int4); {} all
+    applies_to: dict = field(default_factory=dict)
 
 
 def load() -> dict[str, Model]:
@@ -37,13 +40,14 @@ def load() -> dict[str, Model]:
         name: Model(
             name,
             entry["what"],
-            entry["module"],
-            entry["class"],
+            entry.get("module", ""),
+            entry.get("class", ""),
             entry["inputs"],
             entry["positions"],
             entry["quantization"],
             entry["dtype"],
             entry["config"],
+            entry.get("applies_to", {}),
         )
         for name, entry in data.items()
     }

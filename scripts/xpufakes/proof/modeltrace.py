@@ -41,7 +41,11 @@ Writes a JSON object: the tree, the stand-ins, the set-up's seconds and
 configuration, see trace_one). The models share the process and its set-up.
 A model that cannot be built under a configuration (vLLM refuses its
 configuration, a stand-in is missing, the set-up failed) is "not built",
-with the first line of the error and where it was raised.
+with the first line of the error and where it was raised. What the tree
+itself cannot run on XPU is "tree limit", with the reason (a configuration
+it does not have or turns off, a model class it does not have, a `_C` op
+its vllm-xpu-kernels release lacks, MLA without an MLA backend); an entry
+for other trees only (models.toml applies_to) is "not for this tree".
 """
 
 import argparse
@@ -116,6 +120,12 @@ def _setup(tree: Path, standins: str) -> list:
             f"{vllm.platforms._current_platform}"
         )
     vllm.platforms._current_platform = XPUPlatform()
+    if hasattr(XPUPlatform, "num_compute_units"):
+        # the device's compute units (0.33.0's Triton MLA asks while it is
+        # made): an Arc B580's, as standins.XPU_DEVICE answers for it
+        XPUPlatform.num_compute_units = classmethod(
+            lambda cls, device_id=0: made.XPU_COMPUTE_UNITS
+        )
     kept += loading.define_standins(standins)
     # vllm-xpu-kernels' _C activations, norms and rotary embedding (the dense
     # path's CustomOps take them in __init__), as the release registers them
@@ -294,6 +304,41 @@ def _compilation_config(configuration: str):
     return CompilationConfig(pass_config={names[0]: True})
 
 
+def _model_class(model: model_data.Model):
+    """The model's class: the entry's module and class, or the one the
+    tree's own registry names for its architecture (the tree's code path:
+    MistralForCausalLM is llama.py's class in 0.14, mistral.py's in 0.16).
+    TreeLimit where the tree has none."""
+    if model.module:
+        return getattr(importlib.import_module(model.module), model.cls)
+    from vllm.model_executor.models import registry
+
+    architecture = model.config["architectures"][0]
+    if architecture not in registry._VLLM_MODELS:
+        removed = getattr(registry, "_PREVIOUSLY_SUPPORTED_MODELS", {})
+        since = f" (vLLM removed it in {removed[architecture]})" if (
+            architecture in removed
+        ) else ""
+        raise TreeLimit(f"the tree has no model for {architecture}{since}")
+    module, name = registry._VLLM_MODELS[architecture]
+    return getattr(
+        importlib.import_module(f"vllm.model_executor.models.{module}"), name
+    )
+
+
+def _not_for_this_tree(model: model_data.Model) -> str:
+    """ "" or why the entry is not for this tree (its applies_to)."""
+    method = model.applies_to.get("quantization")
+    if not method:
+        return ""
+    from vllm.model_executor.layers import quantization
+
+    known = getattr(quantization, "QUANTIZATION_METHODS", [])
+    if method in known:
+        return ""
+    return f"only for trees with the quantization method {method} (this one has none)"
+
+
 def _register(model: model_data.Model) -> None:
     """The model's class, imported here, registered for its architecture
     (vLLM's API for a model class it should not import in a subprocess of
@@ -301,7 +346,7 @@ def _register(model: model_data.Model) -> None:
     which has none of the stand-ins)."""
     from vllm.model_executor.models import ModelRegistry
 
-    cls = getattr(importlib.import_module(model.module), model.cls)
+    cls = _model_class(model)
     for architecture in model.config["architectures"]:
         ModelRegistry.register_model(architecture, cls)
 
@@ -381,7 +426,7 @@ def _build(model: model_data.Model, vllm_config):
 
     from xpufakes.proof.standins import XPUOnCPU
 
-    cls = getattr(importlib.import_module(model.module), model.cls)
+    cls = _model_class(model)
     default = torch.get_default_dtype()
     torch.set_default_dtype(vllm_config.model_config.dtype)
     try:
@@ -487,10 +532,14 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
     return said
 
 
-def tree_limit(reason: TreeLimit, start: float) -> dict:
-    """The result of a configuration or model the tree cannot run on XPU."""
+NOT_FOR_THIS_TREE = "not for this tree"
+
+
+def tree_limit(reason: TreeLimit, start: float, kind: str = "tree limit") -> dict:
+    """The result of a configuration or model the tree cannot run on XPU
+    (or, `kind` NOT_FOR_THIS_TREE, an entry that is for other trees)."""
     return {
-        "result": "tree limit",
+        "result": kind,
         "error": str(reason),
         "where": [],
         "graphs": 0,
@@ -547,6 +596,38 @@ def _missing_kernel(error: BaseException, kernels: str) -> str:
     return ""
 
 
+# what an MLA layer gives its attention backend and only an MLA backend takes
+MLA_ARGUMENTS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "kv_b_proj")
+
+
+def _no_mla_backend(error: BaseException, vllm_config) -> str:
+    """ "" or the tree's limit: an MLA model (DeepSeek-V2) whose attention
+    backend on the tree's XPU platform has no MLA (0.14's
+    XPUPlatform.get_attn_backend_cls returns FLASH_ATTN whatever use_mla
+    says, and FlashAttentionImpl refuses the MLA layer's arguments), or
+    whose MLA backend needs what an XPU build has not (0.16.0)."""
+    if not getattr(vllm_config.model_config, "use_mla", False):
+        return ""
+    text = " ".join(str(error).split())
+    if isinstance(error, RuntimeError) and text.startswith(
+        "MLA attention requires FlashAttention"
+    ):
+        # 0.16.0's MLA prefill imports vllm.vllm_flash_attn, which vLLM's
+        # setup.py builds for CUDA and ROCm only
+        return (
+            "the tree's MLA backend needs vllm.vllm_flash_attn, which vLLM "
+            f"builds for CUDA and ROCm only ({text})"
+        )
+    if not isinstance(error, TypeError) or "unexpected keyword argument" not in text:
+        return ""
+    if not any(f"'{name}'" in text for name in MLA_ARGUMENTS):
+        return ""
+    return (
+        "the tree's XPU platform gives an MLA model an attention backend "
+        f"without MLA ({text})"
+    )
+
+
 def trace_one(
     model: model_data.Model,
     configuration: str,
@@ -568,6 +649,11 @@ def trace_one(
     torch._dynamo.reset()
     counters.clear()
     captured: list = []
+    elsewhere = _not_for_this_tree(model)
+    if elsewhere:
+        return {"configuration": configuration} | tree_limit(
+            TreeLimit(elsewhere), start, NOT_FOR_THIS_TREE
+        )
     try:
         vllm_config = _vllm_config(model, _config_dir(model, work), configuration)
     except TreeLimit as e:
@@ -599,9 +685,9 @@ def trace_one(
                 raise RuntimeError(unquantized)
             inputs = _inputs(model, built)
         except Exception as e:  # noqa: BLE001 - the result
-            missing = _missing_kernel(e, kernels)
-            if missing:
-                return result | tree_limit(TreeLimit(missing), start)
+            limit = _missing_kernel(e, kernels) or _no_mla_backend(e, vllm_config)
+            if limit:
+                return result | tree_limit(TreeLimit(limit), start)
             return result | not_built(e, tree, start)
         try:
             with set_forward_context(None, vllm_config), torch.inference_mode():

@@ -667,6 +667,9 @@ XPU_DEVICE: dict[str, bool] = {
     "is_bmg": True,
     "is_pvc": False,
 }
+# torch.xpu.get_device_properties().max_compute_units of an Arc B580
+# (20 Xe2 cores x 8 vector engines)
+XPU_COMPUTE_UNITS = 160
 
 
 def define_xpu_device_queries(schemas: dict[str, str]) -> torch.library.Library:
