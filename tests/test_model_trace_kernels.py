@@ -66,20 +66,61 @@ def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
     )
 
     # the negative control: without vLLM's fakes of the two GEMMs
-    root = releases.copy_of(KERNELS_ERA, tmp_path / "without-fakes")
-    ops = root / "vllm" / "_xpu_ops.py"
-    text = ops.read_text()
-    for guard in FAKE_GUARDS:
-        assert guard in text
-        text = text.replace(guard, "if False:")
-    ops.write_text(text)
-    without = traces(root, tmp_path, MODELS[:2])
+    without = traces(
+        without_fakes(KERNELS_ERA, tmp_path / "no-fakes"), tmp_path, MODELS[:2]
+    )
     for model, op in (("qwen3_w4a16", "int4_gemm_w4a16"), ("qwen3_moe", None)):
         result = without[model]["default"]
         assert result["result"] == "failed", result
         assert result["error"] == NO_FAKE, result
         if op:
             assert f"_xpu_C.{op}" in modelproof.cell(result), result
+
+
+NEWEST = "0.33.0"
+# MLA (DeepSeek-V2-Lite: MLA, DeepSeek's YaRN rope, routed + shared experts)
+# and int4 GPTQ (AutoGPTQLinearMethod on XPUwNa16LinearKernel)
+NEWEST_MODELS = ["deepseek_v2_fp8", "qwen2_gptq"]
+
+
+def without_fakes(version: str, destination, guards=FAKE_GUARDS):
+    """A copy of the release whose vllm/_xpu_ops.py registers no fake for
+    fp8_gemm_w8a16 and int4_gemm_w4a16 (a negative control)."""
+    root = releases.copy_of(version, destination)
+    ops = root / "vllm" / "_xpu_ops.py"
+    text = ops.read_text()
+    for guard in guards:
+        assert guard in text
+        text = text.replace(guard, "if False:")
+    ops.write_text(text)
+    return root
+
+
+def test_newest_mla_and_gptq_trace_whole_and_fail_without_vllms_fakes(tmp_path):
+    """0.33.0 runs MLA on XPU (its Triton MLA backend, inside vLLM's opaque
+    vllm::unified_mla_attention_with_output) and GPTQ on the XPU int4
+    kernel; it has no sequence parallelism (0.32.0 removed it)."""
+    found = traces(releases.pristine(NEWEST), tmp_path, NEWEST_MODELS)
+    mla, gptq = (found[m]["default"] for m in NEWEST_MODELS)
+    assert mla["result"] == "traced", mla
+    assert "vllm::unified_mla_attention_with_output (writes carried)" in mla["ops"]
+    assert "_xpu_C::fp8_gemm_w8a16" in mla["ops"], mla["ops"]
+    assert gptq["result"] == "traced", gptq
+    assert gptq["methods"]["AutoGPTQLinearMethod"] == 8, gptq["methods"]
+    assert "_xpu_C::int4_gemm_w4a16" in gptq["ops"], gptq["ops"]
+    for model in found.values():
+        assert model["sp"]["result"] == modelproof.TREE_LIMIT, model["sp"]
+        assert "has no sequence parallelism" in model["sp"]["error"]
+
+    root = without_fakes(NEWEST, tmp_path / "without-fakes")
+    without = traces(root, tmp_path, NEWEST_MODELS)
+    for model, op in zip(
+        NEWEST_MODELS, ("fp8_gemm_w8a16", "int4_gemm_w4a16"), strict=True
+    ):
+        result = without[model]["default"]
+        assert result["result"] == "failed", result
+        assert result["error"] == NO_FAKE, result
+        assert f"_xpu_C.{op}" in modelproof.cell(result), result
 
 
 def test_the_kernels_c_schemas_are_the_releases():
