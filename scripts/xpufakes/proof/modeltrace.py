@@ -316,9 +316,11 @@ def _model_class(model: model_data.Model):
     architecture = model.config["architectures"][0]
     if architecture not in registry._VLLM_MODELS:
         removed = getattr(registry, "_PREVIOUSLY_SUPPORTED_MODELS", {})
-        since = f" (vLLM removed it in {removed[architecture]})" if (
-            architecture in removed
-        ) else ""
+        since = (
+            f" (vLLM removed it in {removed[architecture]})"
+            if (architecture in removed)
+            else ""
+        )
         raise TreeLimit(f"the tree has no model for {architecture}{since}")
     module, name = registry._VLLM_MODELS[architecture]
     return getattr(
