@@ -606,8 +606,9 @@ def _no_mla_backend(error: BaseException, vllm_config) -> str:
     """ "" or the tree's limit: an MLA model (DeepSeek-V2) whose attention
     backend on the tree's XPU platform has no MLA (0.14's
     XPUPlatform.get_attn_backend_cls returns FLASH_ATTN whatever use_mla
-    says, and FlashAttentionImpl refuses the MLA layer's arguments), or
-    whose MLA backend needs what an XPU build has not (0.16.0)."""
+    says, and FlashAttentionImpl refuses the MLA layer's arguments), whose
+    platform refuses MLA (llm-scaler b18beee), or whose MLA backend needs
+    what an XPU build has not (0.16.0)."""
     if not getattr(vllm_config.model_config, "use_mla", False):
         return ""
     text = " ".join(str(error).split())
@@ -620,6 +621,9 @@ def _no_mla_backend(error: BaseException, vllm_config) -> str:
             "the tree's MLA backend needs vllm.vllm_flash_attn, which vLLM "
             f"builds for CUDA and ROCm only ({text})"
         )
+    if isinstance(error, ValueError) and "use_mla: True" in text:
+        # intel/llm-scaler b18beee (0.21.0): its XPUPlatform refuses MLA
+        return f"the tree's XPU platform refuses MLA ({text})"
     if not isinstance(error, TypeError) or "unexpected keyword argument" not in text:
         return ""
     if not any(f"'{name}'" in text for name in MLA_ARGUMENTS):
