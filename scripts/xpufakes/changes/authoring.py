@@ -29,7 +29,7 @@ from xpufakes.common.errors import Refusal
 from xpufakes.trees import fetch, index, pinfacts, pins, wheel
 from xpufakes.trees.pins import version_tuple
 
-FIRST, LAST = (0, 10, 0), (0, 33, 0)
+FIRST, LAST = (0, 10, 0), (0, 34, 0)
 SIGNED_OFF_BY = (
     "Seed a851f495 maintainers <maintainers@users.noreply.a-seed-a851f495.example>"
 )
