@@ -29,6 +29,7 @@ LAYERS = {
     "trees": [
         "index natives",
         "pins wheel pysource",
+        "pinfacts",
         "record fetch",
         "tree compiled",
     ],

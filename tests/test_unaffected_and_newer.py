@@ -18,7 +18,7 @@ import pytest
 
 from support import releases, small_tree, tool
 from xpufakes.changes import base
-from xpufakes.trees import pins, tree
+from xpufakes.trees import tree
 
 FORCED_OFF = (
     "vLLM 0.10.1.1 is not affected (torch.compile is off on XPU in this "
@@ -129,39 +129,38 @@ def test_a_version_that_is_no_version_says_so(tmp_path):
 
 
 def test_a_release_newer_than_every_pin(tmp_path, monkeypatch):
-    """0.34.0 on the day it ships: based on the newest pin and called what it
-    is, the line saying how a maintainer pins it; its modified files go down
-    the recipe path, whose proof is the one every downstream tree gets
-    (tests/test_trees.py)."""
-    root = small_tree.make("0.33.0", tmp_path / "tree")
+    """The next release on the day it ships: based on the newest pin and
+    called what it is, the line saying how a maintainer pins it; its
+    modified files go down the recipe path, whose proof is the one every
+    downstream tree gets (tests/test_trees.py)."""
+    newest, newer = releases.newest(), releases.newer_than_every_pin()
+    root = small_tree.make(newest, tmp_path / "tree")
     version_file = root / "vllm" / "_version.py"
-    version_file.write_text(version_file.read_text().replace("0.33.0", "0.34.0"))
+    version_file.write_text(version_file.read_text().replace(newest, newer))
     with open(root / "vllm" / "_xpu_ops.py", "a") as f:
-        f.write("# a change in 0.34.0\n")
+        f.write(f"# a change in {newer}\n")
     before = releases.file_hashes(root)
     result = tool.run("status", str(root))
     assert result.returncode == 0, result.stdout + result.stderr
     first = result.stdout.splitlines()[0]
     assert first.startswith(
-        "vLLM 0.34.0 (vllm/_version.py) is newer than the newest pinned release "
-        "(0.33.0): assuming base 0.33.0"
+        f"vLLM {newer} (vllm/_version.py) is newer than the newest pinned release "
+        f"({newest}): assuming base {newest}"
     ), first
     assert "applying by recipe" in first and "`make refresh`" in first
     assert "unreleased" not in first
     assert releases.file_hashes(root) == before
     monkeypatch.delenv("VLLM_VERSION", raising=False)
     detected = base.detect_base(tree.locate(str(root)))
-    assert detected.by_recipe and detected.pin.version == "0.33.0"
+    assert detected.by_recipe and detected.pin.version == newest
 
 
 def test_revert_of_a_newer_release_says_what_the_tree_is(tmp_path):
-    """A release newer than every pin whose files are the newest pin's (as
-    0.34.0's _xpu_ops.py is 0.33.0's): the pin's series applies as is, and
-    the revert's last line names the tree's own version, not the pin's (it
-    used to say "the tree is the pristine vLLM 0.33.0 again")."""
-    newest = pins.load().ordered()[-1].version
-    major, minor, _ = (int(p) for p in newest.split(".")[:3])
-    newer = f"{major}.{minor + 1}.0"
+    """A release newer than every pin whose files are the newest pin's (its
+    _xpu_ops.py unchanged): the pin's series applies as is, and the revert's
+    last line names the tree's own version, not the pin's (it used to say
+    "the tree is the pristine vLLM <newest pin> again")."""
+    newest, newer = releases.newest(), releases.newer_than_every_pin()
     root = small_tree.make(newest, tmp_path / "tree")
     version_file = root / "vllm" / "_version.py"
     version_file.write_text(version_file.read_text().replace(newest, newer))
