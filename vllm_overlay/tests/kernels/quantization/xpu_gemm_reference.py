@@ -37,8 +37,8 @@ XPU_C_SCHEMAS = {
     "fp8_gemm_out": "fp8_gemm_out(Tensor(a!) out, Tensor A, Tensor B, "
     "ScalarType? out_dtype, Tensor? A_scale_, Tensor? B_scale_, "
     "Tensor? bias_) -> Tensor",
-    "fp8_bmm": "fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, "
-    "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+    "fp8_bmm": "fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, Tensor? A_scale_, "
+    "Tensor? B_scale_, Tensor? bias_) -> Tensor",
     "fp8_gemm_w8a16": "fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
     "Tensor? bias_) -> Tensor",
     "fp4_gemm": "fp4_gemm(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
@@ -407,15 +407,8 @@ def make_xpu_c_kernels(release: _Release) -> dict:
         w = dequantize_int4(B, B_scale, B_zp, group_size)
         return _finish(out, a @ w, _bias(bias, a.shape[0], w.shape[1]))
 
-    return {
-        "fp8_gemm": fp8_gemm,
-        "fp8_gemm_out": fp8_gemm_out,
-        "fp8_bmm": fp8_bmm,
-        "fp8_gemm_w8a16": fp8_gemm_w8a16,
-        "fp4_gemm": fp4_gemm,
-        "int4_gemm_w4a16": int4_gemm_w4a16,
-        "int4_gemm_w4a8": int4_gemm_w4a8,
-    }
+    # every function above is the kernel of the op of its name
+    return {name: kernel for name, kernel in locals().items() if callable(kernel)}
 
 
 # ---------------------------------------------------------------------------
@@ -446,6 +439,10 @@ def ipex_fp8_gemm_w8a16(A, B, trans_B, B_scale, bias):
 # ---------------------------------------------------------------------------
 # Quantized formats
 # ---------------------------------------------------------------------------
+
+
+# op (with its overload) -> its reference kernel
+TORCH_IPEX_KERNELS = {"fp8_gemm_w8a16.xpu": ipex_fp8_gemm_w8a16}
 
 
 def unpack_fp4(packed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -534,14 +531,13 @@ def define_torch_ipex_kernels() -> dict:
     builds define them), with CPU reference implementations."""
     lib = torch.library.Library("torch_ipex", "FRAGMENT")
     defined = []
-    impls = {"fp8_gemm_w8a16.xpu": ipex_fp8_gemm_w8a16}
     for name, schema in TORCH_IPEX_SCHEMAS.items():
         op_name, _, overload = name.partition(".")
         packet = getattr(torch.ops.torch_ipex, op_name, None)
         if packet is not None and overload in packet.overloads():
             continue
         lib.define(schema, alias_analysis="CONSERVATIVE")
-        lib.impl(name, as_backend_kernel(impls[name]), "CPU")
+        lib.impl(name, as_backend_kernel(TORCH_IPEX_KERNELS[name]), "CPU")
         defined.append(name)
     return {"library": lib, "ops": defined}
 
