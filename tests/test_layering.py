@@ -37,7 +37,7 @@ LAYERS = {
     "changes": [
         "unidiff selection lock recipes",
         "series history",
-        "engine kernels export",
+        "engine kernels export opfacts",
         "base live authoring",
     ],
     # the proof and the audit

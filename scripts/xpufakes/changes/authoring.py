@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpufakes.changes import kernels, recipes, unidiff
+from xpufakes.changes import kernels, opfacts, recipes, unidiff
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 from xpufakes.trees import fetch, index, pinfacts, pins, wheel
@@ -146,6 +146,7 @@ def _normalized(diff: str) -> str:
 
 
 def refresh(date: str | None = None) -> list[Variant]:
+    opfacts.write()  # the overlay's copies, before the series
     known = pins.load().releases if paths.PINS.exists() else {}
     variants: dict[tuple, Variant] = {}
     entries = {}
