@@ -253,7 +253,10 @@ def test_reference_woq_linear_is_the_dense_product(
     assert got.is_contiguous() and got.dtype == x.dtype
 
 
-# The layout rule, with the examples of kernel-contracts.md §4 (K=8, N=16).
+# The layout rule (shape A.shape[:-1] + (N,), strides A.stride(i) / K * N but
+# the last, A's): docs/ipex-woq-ops.md §3.8 from IPEX's source, the docstring
+# of vllm_overlay/vllm/_xpu_gemm_fakes.py for vllm-xpu-kernels; worked
+# examples (K=8, N=16) computed by hand from it.
 BF16 = torch.bfloat16
 LAYOUT_EXAMPLES = [
     (lambda: torch.randn(4, 8, dtype=BF16), (4, 16), (16, 1)),
