@@ -152,27 +152,19 @@ def reference_disagrees(reference: str, fakes: str) -> list[str]:
             problems.append(f"{op['name']}: reference since {got}, table {op['since']}")
     tree = ast.parse(reference)
     make = next(n for n in tree.body if getattr(n, "name", "") == "make_xpu_c_kernels")
-    kernels = {n.name for n in make.body if isinstance(n, ast.FunctionDef)}
+    kernels = {
+        "_xpu_C": {n.name for n in make.body if isinstance(n, ast.FunctionDef)},
+        "torch_ipex": {
+            ast.literal_eval(k)
+            for k in opfacts._assignment(tree, "TORCH_IPEX_KERNELS").keys
+        },
+    }
+    where = {"_xpu_C": "make_xpu_c_kernels", "torch_ipex": "TORCH_IPEX_KERNELS"}
     for op in sorted(names):
         namespace, _, name = op.partition("::")
-        if namespace == "_xpu_C" and name not in kernels:
-            problems.append(f"{op}: no reference kernel in make_xpu_c_kernels")
-    ipex = next(
-        n.value
-        for n in tree.body
-        if isinstance(n, ast.Assign)
-        and ast.unparse(n.targets[0]) == "TORCH_IPEX_KERNELS"
-    )
-    ipex_kernels = {ast.literal_eval(k) for k in ipex.keys}
-    for op in sorted(names):
-        namespace, _, name = op.partition("::")
-        if namespace == "torch_ipex" and name not in ipex_kernels:
-            problems.append(f"{op}: no reference kernel in TORCH_IPEX_KERNELS")
-    space = next(
-        n.value
-        for n in tree.body
-        if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "CASE_SPACE"
-    )
+        if name not in kernels[namespace]:
+            problems.append(f"{op}: no reference kernel in {where[namespace]}")
+    space = opfacts._assignment(tree, "CASE_SPACE")
     graded = {
         "::".join(ast.literal_eval(k)[:2])
         + ("" if ast.literal_eval(k)[0] == "_xpu_C" else f".{ast.literal_eval(k)[2]}")

@@ -21,13 +21,13 @@ from pathlib import Path
 
 from xpufakes.common import ops, paths
 from xpufakes.common.errors import Refusal
-from xpufakes.trees import pins
+from xpufakes.trees import pinfacts, pins
 
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
 INPLACE_TEST = "vllm_overlay/in-place/tests/kernels/quantization/test_xpu_gemm_fakes.py"
 DOCUMENTS = ("docs/contributors.md",)
-MARKED = re.compile(r"<!-- ops:(\w+) -->(.*?)<!-- /ops -->", re.S)
+MARKED = pinfacts.marked("ops")
 # changed lines of the in-place cut in all, tests included, that
 # tests/test_stage.py holds it to (issue 19)
 INPLACE_AIM = 350
@@ -257,19 +257,6 @@ def rewrite_python(text: str, values: dict[str, object]) -> str:
     return text
 
 
-def rewrite_doc(text: str, known: dict[str, str]) -> str:
-    """The text with every marked place holding its fact (an unknown key is
-    an error: a typo would otherwise stay stale)."""
-
-    def fill(match: re.Match) -> str:
-        key = match.group(1)
-        if key not in known:
-            raise KeyError(f"unknown ops key {key!r}")
-        return f"<!-- ops:{key} -->{known[key]}<!-- /ops -->"
-
-    return MARKED.sub(fill, text)
-
-
 def expected(repo: Path) -> dict[str, Callable[[str], str]]:
     """file -> what the generator makes of its text."""
     rewriters: dict[str, Callable[[str], str]] = {
@@ -278,7 +265,7 @@ def expected(repo: Path) -> dict[str, Callable[[str], str]]:
     }
     known = doc_facts(repo)
     for name in DOCUMENTS:
-        rewriters[name] = lambda text: rewrite_doc(text, known)
+        rewriters[name] = lambda text: pinfacts.rewrite(text, known, "ops")
     return rewriters
 
 

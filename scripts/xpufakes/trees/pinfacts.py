@@ -13,7 +13,14 @@ from xpufakes.trees import pins
 # The documents with marked places (relative to the repository).
 DOCUMENTS = ("README.md", "docs/releases.md")
 
-MARKED = re.compile(r"<!-- pins:(\w+) -->(.*?)<!-- /pins -->", re.S)
+
+def marked(kind: str) -> re.Pattern:
+    """The marked places of one kind: `<!-- KIND:KEY -->text<!-- /KIND -->`
+    (pins here; ops: changes/opfacts.py)."""
+    return re.compile(rf"<!-- {kind}:(\w+) -->(.*?)<!-- /{kind} -->", re.S)
+
+
+MARKED = marked("pins")
 
 QUANTIZATION = "vllm/model_executor/layers/quantization/"
 
@@ -87,17 +94,17 @@ def facts(loaded: pins.Pins | None = None) -> dict[str, str]:
     }
 
 
-def rewrite(text: str, known: dict[str, str]) -> str:
-    """The text with every marked place holding its fact (an unknown key is
-    an error: a typo would otherwise stay stale)."""
+def rewrite(text: str, known: dict[str, str], kind: str = "pins") -> str:
+    """The text with every marked place of `kind` holding its fact (an
+    unknown key is an error: a typo would otherwise stay stale)."""
 
     def fill(match: re.Match) -> str:
         key = match.group(1)
         if key not in known:
-            raise KeyError(f"unknown pins key {key!r}")
-        return f"<!-- pins:{key} -->{known[key]}<!-- /pins -->"
+            raise KeyError(f"unknown {kind} key {key!r}")
+        return f"<!-- {kind}:{key} -->{known[key]}<!-- /{kind} -->"
 
-    return MARKED.sub(fill, text)
+    return marked(kind).sub(fill, text)
 
 
 def write(repo: Path) -> list[str]:
