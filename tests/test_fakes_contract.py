@@ -451,6 +451,25 @@ def test_scale_contiguity_is_checked_from_0_1_13(tmp_path, kernels, rejects):
         )
 
 
+@pytest.mark.parametrize(
+    "installed,number,batched",
+    [
+        ("v0.1.10", (0, 1, 10), False),  # PEP 440 allows the "v"
+        ("0.1.13rc1+xpu", (0, 1, 13), True),
+        ("0.1.13.2", (0, 1, 13, 2), True),
+        ("nightly", None, True),  # not PEP 440: unknown, the lenient checks
+    ],
+)
+def test_the_kernels_version_is_read_as_pep_440(tmp_path, installed, number, batched):
+    """Negative control: the regex read before ("\\d+(\\.\\d+)*" from the
+    start) gave None for "v0.1.10", so a 0.1.10 took 3-D weights."""
+    _install_metadata(tmp_path, installed)
+    fakes = _fakes()
+    assert fakes._xpu_kernels_version() == number
+    # 3-D weights from 0.1.11 on (dda91d1); taken when the release is unknown
+    assert fakes._kernel_has("batched_weights") is batched
+
+
 def test_batched_weights_are_rejected_before_0_1_11(tmp_path):
     _install_metadata(tmp_path, "0.1.10.1")
     libraries, fakes = _setup("0.1.10.1")  # noqa: F841

@@ -30,7 +30,7 @@ mismatch a warning is logged and the op is left alone (a wrong fake is
 worse than none). Ops that do not exist are skipped. Nothing here raises at
 import or registration time, and registering twice is a no-op.
 
-This module imports only torch, regex and the standard library.
+This module imports only torch, packaging and the standard library.
 """
 
 import importlib.metadata
@@ -41,8 +41,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import NamedTuple
 
-import regex as re
 import torch
+from packaging.version import Version
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +102,13 @@ _KERNEL_FEATURES: dict[str, tuple[tuple[int, ...], bool]] = {
 
 @cache
 def _xpu_kernels_version() -> tuple[int, ...] | None:
+    """The release number of the vllm-xpu-kernels installed, as PEP 440
+    reads it ("v0.1.13rc1+xpu" -> (0, 1, 13)); None when it is not installed
+    or its version is not PEP 440."""
     try:
-        version = importlib.metadata.version("vllm_xpu_kernels")
+        return Version(importlib.metadata.version("vllm_xpu_kernels")).release
     except Exception:
         return None
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(p) for p in match.group(0).split(".")) if match else None
 
 
 def _kernel_has(feature: str) -> bool:
