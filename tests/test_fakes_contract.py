@@ -507,6 +507,71 @@ def test_registering_twice_is_harmless():
     assert len(first) == len(fakes.XPU_GEMM_FAKES)
 
 
+def _register_fake_of_torch(allow_override: bool | None):
+    """torch.library.register_fake as a torch release has it: without
+    allow_override (2.7), or with it defaulting to False (2.8 - 2.12)."""
+    real = torch.library.register_fake
+    if allow_override is None:
+
+        def register_fake(op, func=None, /, *, lib=None, _stacklevel=1):
+            return real(op, func, lib=lib, _stacklevel=_stacklevel + 1)
+
+        return register_fake
+
+    def register_fake(
+        op, func=None, /, *, lib=None, _stacklevel=1, allow_override=allow_override
+    ):
+        return real(
+            op,
+            func,
+            lib=lib,
+            _stacklevel=_stacklevel + 1,
+            allow_override=allow_override,
+        )
+
+    return register_fake
+
+
+def _traced_shape(x, w):
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx, fw = mode.from_tensor(x), mode.from_tensor(w)
+        return tuple(torch.ops._xpu_C.fp8_gemm_w8a16(fx, fw, None, None).shape)
+
+
+def test_an_earlier_wrong_fake_is_replaced_where_torch_refuses_by_default(
+    monkeypatch,
+):
+    """torch 2.8 - 2.12 (allow_override=False by default) with vLLM's
+    flattening fake registered first. Negative control: registering without
+    allow_override=True raises there, and the flattened [15, 48] stays."""
+    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    monkeypatch.setattr(
+        torch.library, "register_fake", _register_fake_of_torch(allow_override=False)
+    )
+    torch.library.register_fake("_xpu_C::fp8_gemm_w8a16", _flattening_fake)
+    x, w = torch.randn(3, 5, 64).half(), _fp8(48, 64).t()
+    assert _traced_shape(x, w) == (15, 48)  # vLLM's fake is the one in use
+    fakes = _fakes()
+    assert "_xpu_C::fp8_gemm_w8a16" in fakes.register_xpu_gemm_fakes()
+    assert _traced_shape(x, w) == (3, 5, 48)
+
+
+def test_a_register_fake_without_allow_override_still_registers(monkeypatch):
+    """A torch whose register_fake has no allow_override (2.7, and 2.8.0
+    nightlies before it was added) although its version says 2.8.
+    Negative control: deciding from the version (>= 2.8 -> pass it) raises
+    TypeError there, and nothing is registered."""
+    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    monkeypatch.setattr(torch, "__version__", "2.8.0.dev20250301+cpu")
+    monkeypatch.setattr(
+        torch.library, "register_fake", _register_fake_of_torch(allow_override=None)
+    )
+    fakes = _fakes()
+    assert "_xpu_C::fp8_gemm_w8a16" in fakes.register_xpu_gemm_fakes()
+    x, w = torch.randn(3, 5, 64).half(), _fp8(48, 64).t()
+    assert _traced_shape(x, w) == (3, 5, 48)
+
+
 def test_a_schema_mismatch_is_logged_and_skipped(caplog):
     """An older, never-released form of the op (with trans_B) gets no fake."""
     library = torch.library.Library("_xpu_C", "FRAGMENT")

@@ -532,8 +532,11 @@ def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> 
         )
         return False
     kwargs = {}
+    # Replace a fake registered earlier (an older, wrong one). Asked of the
+    # function, not of torch's version: torch 2.8 added allow_override during
+    # its nightlies (2.8.0.dev builds exist with and without it) and its
+    # default changed (False through 2.12, True from 2.13).
     if "allow_override" in inspect.signature(torch.library.register_fake).parameters:
-        # Replace a fake registered earlier (an older, wrong one).
         kwargs["allow_override"] = True
     torch.library.register_fake(qualname, fake, **kwargs)
     _registered[qualname] = fake
