@@ -507,6 +507,28 @@ def test_registering_twice_is_harmless():
     assert len(first) == len(fakes.XPU_GEMM_FAKES)
 
 
+def _meta_shape(op: str) -> tuple[int, ...]:
+    """The output shape of _xpu_C::<op> on meta tensors: what its fake
+    (torch's Meta kernel of a registered fake) returns."""
+    x = torch.empty(3, 5, 64, dtype=torch.half, device="meta")
+    w = torch.empty(48, 64, dtype=torch.float8_e4m3fn, device="meta").t()
+    return tuple(getattr(torch.ops._xpu_C, op)(x, w, None, None).shape)
+
+
+def test_unregistering_takes_the_fakes_back_and_registering_again_works():
+    """Negative control: fakes registered through torch's own libraries
+    (register_fake(lib=None), as before) and then forgotten (the in-tree
+    test cleared the module's dict by hand) stay registered in torch, and
+    the first pytest.raises fails."""
+    libraries, fakes = _setup()  # noqa: F841
+    assert _meta_shape("fp8_gemm_w8a16") == (3, 5, 48)
+    fakes.unregister_fakes()
+    with pytest.raises(NotImplementedError, match="no fake impl"):
+        _meta_shape("fp8_gemm_w8a16")
+    assert fakes.register_xpu_gemm_fakes() == list(fakes.XPU_GEMM_FAKES)
+    assert _meta_shape("fp8_gemm_w8a16") == (3, 5, 48)
+
+
 def _register_fake_of_torch(allow_override: bool | None):
     """torch.library.register_fake as a torch release has it: without
     allow_override (2.7), or with it defaulting to False (2.8 - 2.12)."""

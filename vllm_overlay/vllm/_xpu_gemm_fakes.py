@@ -502,8 +502,15 @@ def ipex_woq_linear_fake(
 # ---------------------------------------------------------------------------
 
 
-# op overload -> the fake this module registered for it
-_registered: dict[str, Callable[..., torch.Tensor]] = {}
+class _Registration(NamedTuple):
+    fake: Callable[..., torch.Tensor]
+    # The library the fake is registered through: torch takes back what a
+    # library registered when the library is destroyed.
+    library: torch.library.Library
+
+
+# op overload -> the fake this module registered for it, and how
+_registrations: dict[str, _Registration] = {}
 
 
 def _find_overload(qualname: str) -> torch._ops.OpOverload | None:
@@ -516,7 +523,8 @@ def _find_overload(qualname: str) -> torch._ops.OpOverload | None:
 
 
 def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> bool:
-    if _registered.get(qualname) is fake:
+    registration = _registrations.get(qualname)
+    if registration is not None and registration.fake is fake:
         return True
     op = _find_overload(qualname)
     if op is None:
@@ -538,8 +546,9 @@ def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> 
     # default changed (False through 2.12, True from 2.13).
     if "allow_override" in inspect.signature(torch.library.register_fake).parameters:
         kwargs["allow_override"] = True
-    torch.library.register_fake(qualname, fake, **kwargs)
-    _registered[qualname] = fake
+    library = torch.library.Library(qualname.partition("::")[0], "FRAGMENT")
+    torch.library.register_fake(qualname, fake, lib=library, **kwargs)
+    _registrations[qualname] = _Registration(fake, library)
     return True
 
 
@@ -566,3 +575,12 @@ def register_ipex_gemm_fakes() -> list[str]:
     before.
     """
     return _register_all(IPEX_GEMM_FAKES)
+
+
+def unregister_fakes() -> None:
+    """Take back every fake this module registered (torch forgets them with
+    the libraries they were registered through); registering again
+    registers them anew. For tests, which define and remove the ops."""
+    while _registrations:
+        _, registration = _registrations.popitem()
+        registration.library._destroy()
