@@ -86,14 +86,6 @@ def test_audit_does_not_fail_an_unaffected_release(tmp_path):
     ]
 
 
-def _refused(result, *words: str) -> None:
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-
-
 def test_a_release_that_compiles_on_xpu_is_not_called_unaffected(tmp_path):
     """0.9.2 runs XPU on V1, which compiles (vllm/config.py sets PIECEWISE
     before the XPU platform's check, whose enforce_eager only turns off
@@ -101,7 +93,7 @@ def test_a_release_that_compiles_on_xpu_is_not_called_unaffected(tmp_path):
     root = _copy("0.9.2", tmp_path / "tree")
     before = releases.file_hashes(root)
     for verb in ("apply", "check"):
-        _refused(
+        tool.refused(
             tool.run(verb, str(root)),
             "vLLM 0.9.2 (vllm/_version.py) compiles the model on XPU",
             "older than the oldest pinned release (0.10.2): not supported",
@@ -116,14 +108,14 @@ def test_the_verdict_comes_from_the_tree_files(tmp_path):
     forced = re.compile(r"^.*compilation_config\.level = .*NO_COMPILATION.*\n", re.M)
     assert len(forced.findall(text)) == 1
     platform.write_text(forced.sub("            pass\n", text))
-    _refused(tool.run("apply", str(root)), "compiles the model on XPU")
+    tool.refused(tool.run("apply", str(root)), "compiles the model on XPU")
 
 
 def test_a_version_that_is_no_version_says_so(tmp_path):
     root = _copy("0.10.1.1", tmp_path / "tree")
     before = releases.file_hashes(root)
     result = tool.run("apply", str(root), env={"VLLM_VERSION": "banana"})
-    _refused(result, "VLLM_VERSION=banana is not a vLLM version")
+    tool.refused(result, "VLLM_VERSION=banana is not a vLLM version")
     assert "set VLLM_VERSION" not in result.stderr
     assert releases.file_hashes(root) == before
 

@@ -544,24 +544,21 @@ def define_torch_ipex_kernels() -> dict:
 
 @contextlib.contextmanager
 def stand_in_ops(
-    definers: list[Callable[[], dict]], registrations: list[Callable[[], object]]
+    definers: list[Callable[[], dict]],
+    registrations: list[Callable[[], object]],
+    unregister: Callable[[], object] | None = None,
 ) -> Iterator[None]:
     """Define the stand-in ops (``definers``), register their fakes
-    (``registrations``), and on exit remove the ops and every fake registered
-    for them: nothing is left in ``torch.ops`` afterwards."""
-    start = len(torch.library._keep_alive)
+    (``registrations``), and on exit take the fakes back (``unregister``)
+    and remove the ops: nothing is left in ``torch.ops`` afterwards."""
     libraries = [define()["library"] for define in definers]
-    namespaces = {lib.ns for lib in libraries}
     try:
         for register in registrations:
             register()
         yield
     finally:
-        # register_fake(lib=None) keeps a library of its own per fake.
-        for lib in list(torch.library._keep_alive[start:]):
-            if lib.ns in namespaces:
-                lib._destroy()
-                torch.library._keep_alive.remove(lib)
+        if unregister is not None:
+            unregister()
         for lib in libraries:
             lib._destroy()
 
