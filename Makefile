@@ -21,7 +21,7 @@ export XPUFAKES_VLLM
 unexport VLLM
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status plugin fetch fetch-all pins refresh overlay-history export stage verify-xpu audit bench test \
+.PHONY: help apply check revert status plugin fetch fetch-all pins ops refresh overlay-history export stage verify-xpu audit bench test \
 	test-all test-tree venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
 
 help:  ## list the verbs
@@ -67,6 +67,9 @@ fetch-all:  ## fetch every pinned release
 
 pins:  ## list the supported releases and their series
 	@$(TOOL) pins
+
+ops:  ## write the copies of the op facts (data/fakes.toml, op_schemas.toml) where they stand
+	@$(TOOL) ops
 
 refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 	@$(TOOL) refresh

@@ -30,7 +30,7 @@ def test_patched_release_registers_the_tree_fakes(release):
     assert Path(fakes.__file__).is_relative_to(tree)
     defined = {f"{lib['library'].ns}::{op}" for lib in libraries for op in lib["ops"]}
     assert defined, "no stand-in op was defined"
-    assert set(fakes._registered) == defined
+    assert set(fakes._registrations) == defined
 
 
 def test_patched_release_fakes_match_the_kernels(release):

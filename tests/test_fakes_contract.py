@@ -253,7 +253,10 @@ def test_reference_woq_linear_is_the_dense_product(
     assert got.is_contiguous() and got.dtype == x.dtype
 
 
-# The layout rule, with the examples of kernel-contracts.md §4 (K=8, N=16).
+# The layout rule (shape A.shape[:-1] + (N,), strides A.stride(i) / K * N but
+# the last, A's): docs/ipex-woq-ops.md §3.8 from IPEX's source, the docstring
+# of vllm_overlay/vllm/_xpu_gemm_fakes.py for vllm-xpu-kernels; worked
+# examples (K=8, N=16) computed by hand from it.
 BF16 = torch.bfloat16
 LAYOUT_EXAMPLES = [
     (lambda: torch.randn(4, 8, dtype=BF16), (4, 16), (16, 1)),
@@ -451,6 +454,25 @@ def test_scale_contiguity_is_checked_from_0_1_13(tmp_path, kernels, rejects):
         )
 
 
+@pytest.mark.parametrize(
+    "installed,number,batched",
+    [
+        ("v0.1.10", (0, 1, 10), False),  # PEP 440 allows the "v"
+        ("0.1.13rc1+xpu", (0, 1, 13), True),
+        ("0.1.13.2", (0, 1, 13, 2), True),
+        ("nightly", None, True),  # not PEP 440: unknown, the lenient checks
+    ],
+)
+def test_the_kernels_version_is_read_as_pep_440(tmp_path, installed, number, batched):
+    """Negative control: the regex read before ("\\d+(\\.\\d+)*" from the
+    start) gave None for "v0.1.10", so a 0.1.10 took 3-D weights."""
+    _install_metadata(tmp_path, installed)
+    fakes = _fakes()
+    assert fakes._xpu_kernels_version() == number
+    # 3-D weights from 0.1.11 on (dda91d1); taken when the release is unknown
+    assert fakes._kernel_has("batched_weights") is batched
+
+
 def test_batched_weights_are_rejected_before_0_1_11(tmp_path):
     _install_metadata(tmp_path, "0.1.10.1")
     libraries, fakes = _setup("0.1.10.1")  # noqa: F841
@@ -486,6 +508,93 @@ def test_registering_twice_is_harmless():
     first = fakes.register_xpu_gemm_fakes()
     assert fakes.register_xpu_gemm_fakes() == first
     assert len(first) == len(fakes.XPU_GEMM_FAKES)
+
+
+def _meta_shape(op: str) -> tuple[int, ...]:
+    """The output shape of _xpu_C::<op> on meta tensors: what its fake
+    (torch's Meta kernel of a registered fake) returns."""
+    x = torch.empty(3, 5, 64, dtype=torch.half, device="meta")
+    w = torch.empty(48, 64, dtype=torch.float8_e4m3fn, device="meta").t()
+    return tuple(getattr(torch.ops._xpu_C, op)(x, w, None, None).shape)
+
+
+def test_unregistering_takes_the_fakes_back_and_registering_again_works():
+    """Negative control: fakes registered through torch's own libraries
+    (register_fake(lib=None), as before) and then forgotten (the in-tree
+    test cleared the module's dict by hand) stay registered in torch, and
+    the first pytest.raises fails."""
+    libraries, fakes = _setup()  # noqa: F841
+    assert _meta_shape("fp8_gemm_w8a16") == (3, 5, 48)
+    fakes.unregister_fakes()
+    with pytest.raises(NotImplementedError, match="no fake impl"):
+        _meta_shape("fp8_gemm_w8a16")
+    assert fakes.register_xpu_gemm_fakes() == list(fakes.XPU_GEMM_FAKES)
+    assert _meta_shape("fp8_gemm_w8a16") == (3, 5, 48)
+
+
+def _register_fake_of_torch(allow_override: bool | None):
+    """torch.library.register_fake as a torch release has it: without
+    allow_override (2.7), or with it defaulting to False (2.8 - 2.12)."""
+    real = torch.library.register_fake
+    if allow_override is None:
+
+        def register_fake(op, func=None, /, *, lib=None, _stacklevel=1):
+            return real(op, func, lib=lib, _stacklevel=_stacklevel + 1)
+
+        return register_fake
+
+    def register_fake(
+        op, func=None, /, *, lib=None, _stacklevel=1, allow_override=allow_override
+    ):
+        return real(
+            op,
+            func,
+            lib=lib,
+            _stacklevel=_stacklevel + 1,
+            allow_override=allow_override,
+        )
+
+    return register_fake
+
+
+def _traced_shape(x, w):
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx, fw = mode.from_tensor(x), mode.from_tensor(w)
+        return tuple(torch.ops._xpu_C.fp8_gemm_w8a16(fx, fw, None, None).shape)
+
+
+def test_an_earlier_wrong_fake_is_replaced_where_torch_refuses_by_default(
+    monkeypatch,
+):
+    """torch 2.8 - 2.12 (allow_override=False by default) with vLLM's
+    flattening fake registered first. Negative control: registering without
+    allow_override=True raises there, and the flattened [15, 48] stays."""
+    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    monkeypatch.setattr(
+        torch.library, "register_fake", _register_fake_of_torch(allow_override=False)
+    )
+    torch.library.register_fake("_xpu_C::fp8_gemm_w8a16", _flattening_fake)
+    x, w = torch.randn(3, 5, 64).half(), _fp8(48, 64).t()
+    assert _traced_shape(x, w) == (15, 48)  # vLLM's fake is the one in use
+    fakes = _fakes()
+    assert "_xpu_C::fp8_gemm_w8a16" in fakes.register_xpu_gemm_fakes()
+    assert _traced_shape(x, w) == (3, 5, 48)
+
+
+def test_a_register_fake_without_allow_override_still_registers(monkeypatch):
+    """A torch whose register_fake has no allow_override (2.7, and 2.8.0
+    nightlies before it was added) although its version says 2.8.
+    Negative control: deciding from the version (>= 2.8 -> pass it) raises
+    TypeError there, and nothing is registered."""
+    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    monkeypatch.setattr(torch, "__version__", "2.8.0.dev20250301+cpu")
+    monkeypatch.setattr(
+        torch.library, "register_fake", _register_fake_of_torch(allow_override=None)
+    )
+    fakes = _fakes()
+    assert "_xpu_C::fp8_gemm_w8a16" in fakes.register_xpu_gemm_fakes()
+    x, w = torch.randn(3, 5, 64).half(), _fp8(48, 64).t()
+    assert _traced_shape(x, w) == (3, 5, 48)
 
 
 def test_a_schema_mismatch_is_logged_and_skipped(caplog):

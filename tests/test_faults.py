@@ -5,7 +5,9 @@ After each: the tree is pristine or fully patched (sha256 of every file
 against the references), the exit status and the last line say which, and
 no temporary or backup file is left."""
 
+import hashlib
 import itertools
+import json
 import math
 import os
 import random
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -758,3 +761,31 @@ def test_rollback_that_fails_says_what_is_where(refs, tmp_path, monkeypatch, cap
     assert result.returncode == 0, result.stderr
     assert small_tree.state(root, *refs[IPEX]) == "pristine"
     assert not small_tree.strays(root)
+
+
+def test_overlay_history_keeps_what_it_recorded(tmp_path, monkeypatch):
+    """`make overlay-history` adds what git has to what was recorded: a
+    version recorded once (a tree in the field may hold it) but in no
+    reachable commit stays. The negative control is the history made from
+    git alone, which drops it (as the tool did before)."""
+    repo = tmp_path / "repo"
+    (repo / "vllm_overlay" / "vllm").mkdir(parents=True)
+    (repo / "vllm_overlay" / "vllm" / "_x.py").write_text("x = 1\n")
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+    ):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    gone = "0" * 64
+    data, diffs = tmp_path / "overlay_history.toml", tmp_path / "patch_history.json"
+    data.write_text(history.render({"vllm/_x.py": [gone], "vllm/_y.py": [gone]}))
+    diffs.write_text('{"files": {"vllm/a.py": ["--- old\\n"]}}\n')
+    monkeypatch.setattr(history, "DATA", data)
+    monkeypatch.setattr(history, "DIFFS", diffs)
+    history.write(repo)
+    kept = tomllib.loads(data.read_text())["files"]
+    now = hashlib.sha256(b"x = 1\n").hexdigest()
+    assert kept == {"vllm/_x.py": [gone, now], "vllm/_y.py": [gone]}
+    assert json.loads(diffs.read_text())["files"] == {"vllm/a.py": ["--- old\n"]}
+    assert history.from_git(repo) == {"vllm/_x.py": [now]}  # git alone drops it

@@ -29,6 +29,7 @@ LAYERS = {
     "trees": [
         "index natives",
         "pins wheel pysource",
+        "pinfacts",
         "record fetch",
         "tree compiled",
     ],
@@ -36,7 +37,7 @@ LAYERS = {
     "changes": [
         "unidiff selection lock recipes",
         "series history",
-        "engine kernels export",
+        "engine kernels export opfacts",
         "base live authoring",
     ],
     # the proof and the audit

@@ -19,15 +19,6 @@ from support import downstream, releases, small_tree, tool
 KERNELS = "0.33.0"
 
 
-def _refused(result, *words: str) -> str:
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
-
-
 @pytest.mark.skipif(small_tree.can_mount() is not None, reason="needs root to mount")
 def test_a_read_only_mount_is_named_by_check_and_apply(tmp_path):
     """check does not say "would apply cleanly" where apply must refuse, and
@@ -40,7 +31,7 @@ def test_a_read_only_mount_is_named_by_check_and_apply(tmp_path):
         subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
         for verb in ("check", "apply"):
             result = tool.run(verb, str(root))
-            line = _refused(
+            line = tool.refused(
                 result,
                 "is on a read-only file system",
                 f"mounted read-only at {mount}",
@@ -69,7 +60,7 @@ def test_a_dangling_symlink_target_is_named_not_missing(tmp_path):
     assert line.endswith(f"ipex_quant.py: a dangling symlink (to {tmp_path}/gone.py)")
     for verb in ("check", "apply"):
         result = tool.run(verb, str(root))
-        text = _refused(result, f"ipex_quant.py {said}")
+        text = tool.refused(result, f"ipex_quant.py {said}")
         assert "missing" not in text and "proof" not in text
     assert sorted(root.rglob("*")) == before and target.is_symlink()
 
@@ -106,7 +97,7 @@ def test_a_file_with_mixed_line_endings_is_refused(tmp_path):
     root, _ = _crlf_tree(tmp_path, mixed=True)
     before = releases.file_hashes(root)
     for verb in ("check", "apply"):
-        _refused(
+        tool.refused(
             tool.run(verb, str(root)),
             "vllm/_xpu_ops.py has mixed line endings (CRLF, and LF on 1 line(s))",
         )
@@ -208,7 +199,7 @@ def test_audit_without_torch_names_the_verb_and_the_variable(tmp_path):
         text=True,
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
     )
-    line = _refused(result, "audit loads the tree's fakes with torch", python)
+    line = tool.refused(result, "audit loads the tree's fakes with torch", python)
     assert "make audit VLLM=" in line and "PYTHON=<a Python with torch>" in line
     assert "verify-xpu" not in line
 
@@ -264,7 +255,7 @@ def test_audit_names_the_known_models_for_an_unknown_one(tmp_path):
     Control: a known name passes that check (it then needs torch here)."""
     root = small_tree.make(KERNELS, tmp_path / "tree")
     result = tool.run("audit", str(root), "--static", "--model", "qwen3_vl")
-    _refused(result, "unknown model 'qwen3_vl'", "qwen3_vl_moe, qwen3_moe")
+    tool.refused(result, "unknown model 'qwen3_vl'", "qwen3_vl_moe, qwen3_moe")
     python = _python_without_torch(tmp_path / "venv")
     known = subprocess.run(
         [python, "-m", "xpufakes", "audit", str(root), "--static"]
@@ -273,4 +264,4 @@ def test_audit_names_the_known_models_for_an_unknown_one(tmp_path):
         text=True,
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
     )
-    _refused(known, "--model traces a model with it", python)
+    tool.refused(known, "--model traces a model with it", python)

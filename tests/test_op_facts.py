@@ -1,19 +1,22 @@
 """One source per op fact: data/fakes.toml (which ops have a fake of ours,
-their era, their fake, the kernels release that first has them) and
-data/op_schemas.toml (their schemas, verbatim from the kernels' sources).
-Every other copy must agree with them. The copies live in files that must
-stay self-contained (the overlay files go into a vLLM tree; the e2e plugin
-is installed into an engine venv), so they are read here, not generated:
+their era, their fake, the kernels release that first has them, the
+in-place test's shared regions) and data/op_schemas.toml (their schemas,
+verbatim from the kernels' sources). Nothing else writes one by hand:
 
-* the fake module's decorators (``@_fake_of(TABLE, schema)``) and its
-  kernels' feature gates (``_KERNEL_FEATURES``);
-* the in-tree test's reference kernels (schemas, the release that first
-  has an op, the release that first performs a check);
-* make e2e's plugin (the ops whose fakes it checks, by era);
-* the tool's lists (common/ops.py reads the table; the in-place cut's
-  shared test regions).
+* generated (`make ops`, changes/opfacts.py, also run by `make refresh`):
+  the reference kernels' tables (schemas, the release that first has an
+  op), make e2e's plugin's list, the docs' `<!-- ops:KEY -->` figures.
+  Every generated place must hold what the generator writes;
+* read at run time: the tool's lists (common/ops.py: the GEMMs, the
+  in-place cut's shared test regions);
+* written with the fake or the reference kernel, and checked here: the
+  fake module's decorators and its kernels' feature gates
+  (``_KERNEL_FEATURES``), the reference's kernel functions, its opcheck
+  grid (``CASE_SPACE``), the in-place test's regions, the patch headers.
 
-Each check reads the files as text (AST, nothing imported), so the negative
+Besides the generator's own output, every copy is also checked against the
+data directly (a second reading, so a wrong generator fails too). Each
+check reads the files as text (AST, nothing imported), so the negative
 controls below change one fact in a copy and see the check name it."""
 
 import ast
@@ -23,17 +26,22 @@ import tomllib
 import pytest
 
 from support import tool
+from xpufakes.changes import opfacts
+from xpufakes.common import ops
+from xpufakes.staging import inplace, upstream
+from xpufakes.trees import pins
 
 REPO = tool.SCRIPTS.parent
 DATA = tool.SCRIPTS / "xpufakes" / "data"
 FAKES_MODULE = "vllm_overlay/vllm/_xpu_gemm_fakes.py"
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
-INPLACE = "scripts/xpufakes/staging/inplace.py"
+INPLACE_TEST = opfacts.INPLACE_TEST
+CONTRIBUTORS = "docs/contributors.md"
 HEADERS = "scripts/xpufakes/data/dep3_headers.toml"
 # Ours, but not a GEMM of a kernel package: vLLM's op around IPEX's WOQ
 # module (vllm_overlay/vllm/_ipex_woq_linear.py), with its own test.
-WOQ_OP = "vllm::ipex_woq_linear"
+WOQ_OP = ops.IPEX_WOQ_OP
 
 
 def _table() -> list[dict]:
@@ -67,7 +75,14 @@ def _assigned(text: str, name: str):
 def _sources() -> dict[str, str]:
     return {
         path: (REPO / path).read_text()
-        for path in (FAKES_MODULE, REFERENCE, E2E_STANDINS, INPLACE, HEADERS)
+        for path in (
+            FAKES_MODULE,
+            REFERENCE,
+            E2E_STANDINS,
+            INPLACE_TEST,
+            HEADERS,
+            CONTRIBUTORS,
+        )
     }
 
 
@@ -135,6 +150,28 @@ def reference_disagrees(reference: str, fakes: str) -> list[str]:
         got = since.get(gemm, (0, 1, 0))
         if got != _version(op["since"]):
             problems.append(f"{op['name']}: reference since {got}, table {op['since']}")
+    tree = ast.parse(reference)
+    make = next(n for n in tree.body if getattr(n, "name", "") == "make_xpu_c_kernels")
+    kernels = {
+        "_xpu_C": {n.name for n in make.body if isinstance(n, ast.FunctionDef)},
+        "torch_ipex": {
+            ast.literal_eval(k)
+            for k in opfacts._assignment(tree, "TORCH_IPEX_KERNELS").keys
+        },
+    }
+    where = {"_xpu_C": "make_xpu_c_kernels", "torch_ipex": "TORCH_IPEX_KERNELS"}
+    for op in sorted(names):
+        namespace, _, name = op.partition("::")
+        if name not in kernels[namespace]:
+            problems.append(f"{op}: no reference kernel in {where[namespace]}")
+    space = opfacts._assignment(tree, "CASE_SPACE")
+    graded = {
+        "::".join(ast.literal_eval(k)[:2])
+        + ("" if ast.literal_eval(k)[0] == "_xpu_C" else f".{ast.literal_eval(k)[2]}")
+        for k in space.keys
+    }
+    for op in sorted(names - graded):
+        problems.append(f"{op}: no opcheck grid in CASE_SPACE")
     checks = _assigned(reference, "XPU_C_CHECK_SINCE")
     gates = {k: since for k, (since, _) in _assigned(fakes, "_KERNEL_FEATURES").items()}
     if checks != gates:
@@ -153,15 +190,48 @@ def e2e_disagrees(text: str) -> list[str]:
     ]
 
 
-def tool_disagrees(inplace: str) -> list[str]:
-    """The in-place cut's shared test regions name the table's GEMMs."""
+def inplace_disagrees(text: str) -> list[str]:
+    """The in-place test's regions: one per GEMM of the table it has cases
+    for (`op-<gemm>`, holding that op's `@_cases`), the shared regions the
+    table names (fakes.toml's shared_test_region), the wrapper's."""
     gemms = {op["name"].partition("::")[2] for op in _table() if op["era"] == "kernels"}
-    return [
-        f"in-place tag {tag}: {op} is no GEMM of the table"
-        for tag, ops in _assigned(inplace, "SHARED_TEST_TAGS").items()
-        for op in ops
-        if op not in gemms
+    shared = {op["shared_test_region"] for op in _table() if "shared_test_region" in op}
+    tags = set(re.findall(r"# xpufakes: (\S+) begin", text))
+    problems = [
+        f"in-place region {tag}: no GEMM of the table, no shared region"
+        for tag in sorted(tags - {f"op-{g}" for g in gemms} - shared)
+        if tag != inplace.WRAPPER_TAG
     ]
+    problems += [f"in-place region {tag}: missing" for tag in sorted(shared - tags)]
+    drop_all = tags - shared
+    for tag in sorted(tags & {f"op-{g}" for g in gemms}):
+        try:
+            alone = upstream.strip_regions(text, drop_all - {tag})
+        except ValueError as error:  # a begin without its end
+            return [*problems, f"in-place regions: {error}"]
+        found = set(opfacts._inplace_cases(alone))
+        if found != {f"_xpu_C::{tag.removeprefix('op-')}"}:
+            problems.append(f"in-place region {tag} enters cases of {sorted(found)}")
+    return problems
+
+
+def generated_disagrees(path: str, text: str) -> list[str]:
+    """The places `make ops` writes hold what it writes (each named)."""
+    problems = []
+    for name, value in opfacts.python_values().get(path, {}).items():
+        if _assigned(text, name) != value:
+            problems.append(f"{path}: {name} is not what `make ops` writes")
+    if path in opfacts.DOCUMENTS:
+        known = opfacts.doc_facts(REPO)
+        problems += [
+            f"{path}: ops:{m.group(1)} is not what `make ops` writes"
+            for m in opfacts.MARKED.finditer(text)
+            if m.group(2) != known.get(m.group(1))
+        ]
+    rewrite = opfacts.expected(REPO).get(path)
+    if not problems and rewrite and rewrite(text) != text:
+        problems.append(f"{path}: not as `make ops` lays it out")
+    return problems
 
 
 def header_disagrees(headers: str) -> list[str]:
@@ -197,15 +267,48 @@ def test_make_e2e_checks_the_tables_ops():
     assert e2e_disagrees(_sources()[E2E_STANDINS]) == []
 
 
-def test_the_tools_lists_agree_with_the_table():
-    from xpufakes.common import ops
+def test_the_in_place_tests_regions_agree_with_the_table():
+    assert inplace_disagrees(_sources()[INPLACE_TEST]) == []
 
+
+@pytest.mark.parametrize("path", [REFERENCE, E2E_STANDINS, CONTRIBUTORS])
+def test_every_generated_place_holds_what_make_ops_writes(path):
+    assert generated_disagrees(path, _sources()[path]) == []
+
+
+def test_the_docs_figures_of_the_in_place_test_are_the_cuts():
+    """A second count of the marked figures: the in-place cut's own test
+    text (staging/inplace.py) for the release's ops with cases."""
+    known = opfacts.doc_facts(REPO)
+    cases = opfacts._inplace_cases(_sources()[INPLACE_TEST])
+    release = {
+        op["name"]
+        for op in _table()
+        if op["era"] == "kernels"
+        and _version(op["since"])
+        <= _version(pins.load().get(opfacts.DOC_RELEASE).kernels.split()[-1])
+    }
+    gemms = [op.partition("::")[2] for op in cases if op in release]
+    text = inplace.test_text(gemms, wrappers=True)
+    assert known["inplace_test_lines"] == str(len(text.splitlines()))
+    assert known["inplace_ops"] == str(len(gemms) + len(ops.WRAPPERS))
+
+
+def test_make_ops_writes_back_what_a_hand_changed(tmp_path):
+    """The generator restores a place changed by hand, and leaves the rest
+    of the file byte for byte."""
+    text = _sources()[REFERENCE]
+    changed = text.replace('"fp8_bmm": (0, 1, 11),', '"fp8_bmm": (0, 1, 12),', 1)
+    assert changed != text
+    assert opfacts.expected(REPO)[REFERENCE](changed) == text
+
+
+def test_the_tools_lists_agree_with_the_table():
     table = _table()
     assert (
         tuple(op["name"].partition("::")[2] for op in table if op["era"] == "kernels")
         == ops.XPU_C_GEMMS
     )
-    assert tool_disagrees(_sources()[INPLACE]) == []
     assert header_disagrees(_sources()[HEADERS]) == []
     schemas = _schemas()
     assert all(op["name"] in schemas for op in table), "an op without a schema"
@@ -256,10 +359,46 @@ def test_the_tools_lists_agree_with_the_table():
             "e2e checks _xpu_C::fp4_gemm_w4a4",
         ),
         (
-            INPLACE,
-            '("int4_gemm_w4a16", "int4_gemm_w4a8")',
-            '("int4_gemm_w4a16", "int4_gemm_w4a4")',
-            "int4_gemm_w4a4 is no GEMM",
+            REFERENCE,
+            '"fp8_bmm": (0, 1, 11),',
+            '"fp8_bmm": (0, 1, 12),',
+            f"{REFERENCE}: XPU_C_OP_SINCE is not what `make ops` writes",
+        ),
+        (
+            REFERENCE,
+            "    def fp4_gemm(A, B,",
+            "    def fp4_gemm_renamed(A, B,",
+            "_xpu_C::fp4_gemm: no reference kernel",
+        ),
+        (
+            REFERENCE,
+            '("_xpu_C", "fp4_gemm", "default"): (',
+            '("_xpu_C", "fp4_gemm_w4a4", "default"): (',
+            "_xpu_C::fp4_gemm: no opcheck grid",
+        ),
+        (
+            E2E_STANDINS,
+            '"_xpu_C::fp4_gemm",',
+            '"_xpu_C::fp4_gemm_w4a4",',
+            f"{E2E_STANDINS}: CHECKED_OPS is not what",
+        ),
+        (
+            INPLACE_TEST,
+            "# xpufakes: op-int4 begin",
+            "# xpufakes: op-int4x begin",
+            "in-place region op-int4x: no GEMM",
+        ),
+        (
+            INPLACE_TEST,
+            '@_cases("_xpu_C::fp4_gemm", ',
+            '@_cases("_xpu_C::fp8_gemm", ',
+            "in-place region op-fp4_gemm enters cases of ['_xpu_C::fp8_gemm']",
+        ),
+        (
+            CONTRIBUTORS,
+            "<!-- ops:inplace_cases -->60<!-- /ops --> cases",
+            "<!-- ops:inplace_cases -->59<!-- /ops --> cases",
+            f"{CONTRIBUTORS}: ops:inplace_cases is not what",
         ),
         (
             HEADERS,
@@ -275,7 +414,13 @@ def test_the_tools_lists_agree_with_the_table():
         "reference-since",
         "reference-schema",
         "e2e-op",
-        "inplace-tag",
+        "reference-since-generated",
+        "reference-kernel",
+        "reference-grid",
+        "e2e-op-generated",
+        "inplace-region",
+        "inplace-cases",
+        "doc-figure",
         "patch-header",
     ],
 )
@@ -287,7 +432,17 @@ def test_a_disagreeing_copy_is_named(path, old, new, expected):
         fake_module_disagrees(sources[FAKES_MODULE])
         + reference_disagrees(sources[REFERENCE], sources[FAKES_MODULE])
         + e2e_disagrees(sources[E2E_STANDINS])
-        + tool_disagrees(sources[INPLACE])
+        + inplace_disagrees(sources[INPLACE_TEST])
+        + generated_disagrees(path, sources[path])
         + header_disagrees(sources[HEADERS])
     )
     assert any(expected in problem for problem in found), found
+
+
+def test_a_registry_change_without_make_ops_is_named(monkeypatch):
+    """The other way round: the table changed, the copies not rewritten."""
+    changed = [dict(op) for op in ops.FAKES]
+    next(op for op in changed if op["name"] == "_xpu_C::fp8_bmm")["since"] = "0.1.12"
+    monkeypatch.setattr(ops, "FAKES", changed)
+    found = generated_disagrees(REFERENCE, _sources()[REFERENCE])
+    assert found == [f"{REFERENCE}: XPU_C_OP_SINCE is not what `make ops` writes"]

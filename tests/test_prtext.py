@@ -46,11 +46,57 @@ def test_the_template_headings_are_filled(template_of):
     assert "PLEASE FILL IN" not in text and "<!-- Summarize" not in text
     comments = re.findall(r"<!--.*?-->", text, re.S)
     assert comments in ([], ["<!-- markdownlint-disable -->"])
-    assert "0 of 7 ops conform" in text and "7 of 7 ops conform" in text
-    assert "12 passed" in text and "Shapes differ" in text
-    assert "markdownlint (needs node)" in text
-    if template:
-        assert text.rstrip().endswith(template.rstrip().splitlines()[-1])
+    if template:  # the checklist and its footer, as the template has them
+        footer = template[template.index("\n---\n") :]
+        assert text.rstrip().endswith(footer.rstrip())
+    else:
+        assert "\n---\n" not in text  # no template, no checklist
+
+
+def _before_and_after(text: str) -> tuple[str, str]:
+    """The validation's runs: what it shows before the change, and after."""
+    validation = text[text.index("Before, the tree's") :]
+    before, after = validation.split("\nAfter:\n", 1)
+    return before, after.split("\n## ", 1)[0]
+
+
+def _evidence_in_place(text: str) -> None:
+    before, after = _before_and_after(text)
+    assert "    grid <tree>\n    -> 0 of 7 ops conform\n       op: Shapes differ\n" in (
+        before
+    )
+    assert "7 of 7" not in before and "12 passed" not in before
+    assert "    grid <tree>\n    -> 7 of 7 ops conform\n" in after
+    assert "    pytest t.py\n    -> 12 passed in 3.0s\n" in after
+    assert "0 of 7" not in after and "Shapes differ" not in after
+    checks = " ".join(after.split())
+    assert (
+        "on the changed files: ruff-check pass; not run: markdownlint (needs node)"
+        in (checks)
+    )
+
+
+@pytest.mark.parametrize("template_of", ["0.33.0", "0.14.1", None])
+def test_the_evidence_is_shown_in_its_place(template_of):
+    """Each run under its command, the grid before the change with its
+    failure and after it with the new tests, the checks run and not run.
+    Negative control: the same text with the runs the wrong way round (or
+    markdownlint said to pass) fails."""
+    text, _ = _text(template_of)
+    _evidence_in_place(text)
+    if template_of == "0.14.1":  # its Test Result: one line each
+        result = text[text.index("## Test Result") :]
+        assert "- before: 0 of 7 ops conform\n- after: 7 of 7 ops conform\n" in result
+        assert "- new tests: 12 passed in 3.0s\n" in result
+    descriptions = [prtext.description(r.header) for r in recipes.RECIPES["kernels"]]
+    swapped = dataclasses.replace(
+        EVIDENCE, before=EVIDENCE.after, after=EVIDENCE.before
+    )
+    passed = [dataclasses.replace(c, status=treechecks.PASSED) for c in CHECKS]
+    for evidence, checks in ((swapped, CHECKS), (EVIDENCE, passed)):
+        wrong = prtext.pull_request(None, descriptions, evidence, checks, {}, "main")
+        with pytest.raises(AssertionError):
+            _evidence_in_place(wrong)
 
 
 def test_the_commit_text_has_no_vendor_paragraphs():

@@ -29,11 +29,22 @@ import pytest
 from test_tool import _checkout_like
 
 from support import releases, tool
-from xpufakes.changes import recipes
-from xpufakes.common import isolated, paths
+from xpufakes.changes import opfacts, recipes
+from xpufakes.common import isolated, ops, paths
 from xpufakes.staging import inplace, treechecks
+from xpufakes.trees import pins
 
-RELEASE = "0.33.0"  # the newest release
+# the release staged (the docs' figures of the in-place cut are of it)
+RELEASE = opfacts.DOC_RELEASE
+# its vllm-xpu-kernels pin ("vllm-xpu-kernels 0.1.15.4"), and the GEMMs of the
+# op registry (data/fakes.toml) that it has
+KERNELS = pins.load().get(RELEASE).kernels
+RELEASE_GEMMS = [
+    op["name"]
+    for op in ops.FAKES
+    if op["era"] == pins.KERNELS
+    and pins.version_tuple(op["since"]) <= pins.version_tuple(KERNELS.split()[-1])
+]
 # vLLM's dependencies; XPUFAKES_TREE_PYTHON points at another .venv-tree
 TREE_PYTHON = Path(
     os.environ.get("XPUFAKES_TREE_PYTHON")
@@ -154,8 +165,10 @@ def test_stage_makes_one_signed_vllm_style_commit(staged):
         "llm-scaler",
     ):
         assert vendor_text not in message
-    # the seven _xpu_C GEMMs and vllm::xpu_fp8_bmm, which returns fp8_bmm's output
-    assert "Test Plan:" in message and "0 of 8 ops conform" in message
+    # the registry's _xpu_C GEMMs the release's kernels have, and vLLM's own
+    # ops that return one's output (vllm::xpu_fp8_bmm: fp8_bmm's)
+    every = len(RELEASE_GEMMS) + len(ops.WRAPPERS)
+    assert "Test Plan:" in message and f"0 of {every} ops conform" in message
 
 
 def test_the_unreleased_checkout_is_staged_from_its_own_files(staged):
@@ -204,10 +217,11 @@ def test_the_pr_text_is_the_tree_template_filled_in(staged):
     for placeholder in ("(paste", "TODO", "TBD", "XXX"):
         assert placeholder not in text
     validation = text[text.index("## Validation") : text.index("## Details")]
-    assert "0 of 8 ops conform" in validation  # before
+    every = len(RELEASE_GEMMS) + len(ops.WRAPPERS)
+    assert f"0 of {every} ops conform" in validation  # before
     assert "MetadataMismatchError" in validation  # with the message
     assert "vllm::xpu_fp8_bmm: test_faketensor" in validation
-    assert "8 of 8 ops conform" in validation  # after
+    assert f"{every} of {every} ops conform" in validation  # after
     assert re.search(r"-> \d+ passed", validation)
     assert "check-forbidden-imports" in validation and "mypy" in validation
 
@@ -271,11 +285,13 @@ def test_importing_the_staged_test_off_xpu_defines_no_op(staged):
 # The default cut: the fix in place
 # ---------------------------------------------------------------------------
 
-AIM = 350  # changed lines in all (issue 19), tests included
+AIM = opfacts.INPLACE_AIM  # changed lines in all (issue 19), tests included
 XPU_OPS = "vllm/_xpu_ops.py"
 QUANTIZATION_CI = ".buildkite/intel_jobs/quantization_intel.yaml"
 IN_PLACE_FILES = {XPU_OPS, recipes.TREE_TEST, QUANTIZATION_CI}
-# 0.33.0's fake blocks and vLLM's own op that returns fp8_bmm's output
+# The release's fake blocks and vLLM's own op that returns fp8_bmm's output:
+# facts of the release's vllm/_xpu_ops.py, not of the registry (an op added
+# to the registry is not in a released tree)
 GEMMS = ("fp8_gemm", "fp8_gemm_w8a16", "fp4_gemm", "int4_gemm_w4a8", "int4_gemm_w4a16")
 OPS = {f"_xpu_C::{g}" for g in GEMMS} | {"vllm::xpu_fp8_bmm"}
 
@@ -298,7 +314,8 @@ def test_in_place_cut_is_two_signed_commits(in_place):
         assert author == "Ada Stager <ada@example.invalid>"
         message = _git(root, "log", "-1", "--format=%B", commit)
         assert message.rstrip().endswith(f"Signed-off-by: {author}")
-        assert "Test Plan:" in message and "6 of 6 ops conform" in message
+        conform = f"{len(OPS)} of {len(OPS)} ops conform"
+        assert "Test Plan:" in message and conform in message
         for vendor_text in ("Upstream status", "This variant applies", "llm-scaler"):
             assert vendor_text not in message
     # the wrapper's commit: its fake and its test cases, nothing else
@@ -374,8 +391,7 @@ def test_the_tree_checks_pass_on_the_in_place_branch(in_place):
 
 def _grid(tree: Path) -> dict[str, dict]:
     done, ops = isolated.run_verb(
-        ["verify-xpu", "--vllm", str(tree), "--standins", "vllm-xpu-kernels 0.1.15.4"]
-        + ["--quick"],
+        ["verify-xpu", "--vllm", str(tree), "--standins", KERNELS] + ["--quick"],
         "--json-out",
     )
     assert ops is not None, done.stderr[-2000:]
@@ -402,13 +418,17 @@ def test_the_in_place_pr_text_says_what_was_validated(in_place):
     headings = re.findall(r"^## (.+)$", text, re.M)
     assert headings == ["Overview", "Claims", "Validation", "Details"]
     validation = text[text.index("## Validation") : text.index("## Details")]
-    assert "0 of 6 ops conform" in validation and "6 of 6 ops conform" in validation
+    assert f"0 of {len(OPS)} ops conform" in validation
+    assert f"{len(OPS)} of {len(OPS)} ops conform" in validation
     before, after = re.findall(r"-> (\d+) of (\d+) cases pass", validation)
     assert int(before[0]) < int(before[1]) and after[0] == after[1]
     assert "test_faketensor: MetadataMismatchError" in validation  # the messages
-    assert "Not in this change: _xpu_C::fp8_bmm, _xpu_C::fp8_gemm_out" in (
-        " ".join(validation.split())
+    # the registry's GEMMs of the release that the tree does not call itself
+    left_alone = re.search(
+        r"Not in this change: (.*?): left", " ".join(validation.split())
     )
+    assert left_alone, validation
+    assert sorted(left_alone.group(1).split(", ")) == sorted(set(RELEASE_GEMMS) - OPS)
     assert "CPU reference kernels" in validation  # how it was validated
     lines = re.search(r"^Lines: \+(\d+) -(\d+)$", text, re.M)
     assert int(lines.group(1)) + int(lines.group(2)) <= AIM

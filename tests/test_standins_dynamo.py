@@ -6,6 +6,7 @@ the negative controls that show why each detail matters.
 Forked: the stand-ins define torch_ipex ops and hook the import system.
 """
 
+import importlib.util
 import sys
 import types
 
@@ -182,3 +183,27 @@ def test_composite_implicit_op_fails_on_the_data_pointer(ipex):
         )
         == "traced"
     )
+
+
+def test_the_stand_in_modules_make_each_name_once_and_it_raises_when_used():
+    """torchvision (not installed in .venv) and a downstream kernel package:
+    a name asked of the module is made once and kept, and using it raises,
+    naming it. Negative control: a module that made a new name at every
+    look-up fails the `is`, one whose names did nothing the raises."""
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: no stand-in")
+    assert standins.install_torchvision()
+    assert standins.install_downstream_packages() == ["custom_esimd_kernels_vllm"]
+    import custom_esimd_kernels_vllm.ops as ops
+    import torchvision.transforms.v2 as v2
+
+    assert v2.InterpolationMode is v2.InterpolationMode
+    assert v2.InterpolationMode.__module__ == "torchvision.transforms.v2"
+    with pytest.raises(RuntimeError, match=r"v2\.Resize is a torchvision stand-in"):
+        v2.Resize(8)
+    assert ops.fused_rms_norm is ops.fused_rms_norm
+    with pytest.raises(
+        RuntimeError,
+        match=r"^custom_esimd_kernels_vllm\.ops\.fused_rms_norm is a stand-in",
+    ):
+        ops.fused_rms_norm(torch.zeros(1))

@@ -15,14 +15,6 @@ from support import fixture_series, releases, tool
 RELEASE = "0.33.0"
 
 
-def _refused(result, *words: str, status: int = 1) -> None:
-    assert result.returncode == status, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-
-
 @pytest.fixture
 def tree(tmp_path):
     return releases.copy_of(RELEASE, tmp_path / "vllm-src")
@@ -38,14 +30,14 @@ def fixture_env(tmp_path):
 
 
 def test_missing_path(tmp_path):
-    _refused(tool.run("apply", str(tmp_path / "nowhere")), "no such directory")
+    tool.refused(tool.run("apply", str(tmp_path / "nowhere")), "no such directory")
 
 
 def test_path_that_is_not_a_vllm_tree(tmp_path):
     (tmp_path / "vllm").mkdir()  # a vllm/ directory that is not the package
     (tmp_path / "vllm" / "README").write_text("x")
     before = releases.file_hashes(tmp_path)
-    _refused(tool.run("apply", str(tmp_path)), "not a vLLM tree")
+    tool.refused(tool.run("apply", str(tmp_path)), "not a vLLM tree")
     assert releases.file_hashes(tmp_path) == before
 
 
@@ -54,7 +46,9 @@ def test_unsupported_release(tree):
     (releases outside the range: tests/test_unaffected_and_newer.py)."""
     before = releases.file_hashes(tree)
     result = tool.run("apply", str(tree), env={"VLLM_VERSION": "0.14.2"})
-    _refused(result, "0.14.2 is not a supported release", "0.10.2", "0.33.0")
+    tool.refused(
+        result, "0.14.2 is not a supported release", releases.first(), releases.newest()
+    )
     assert releases.file_hashes(tree) == before
 
 
@@ -85,7 +79,7 @@ def test_refusal_names_every_offending_file(tree):
     test_file.write_text("# someone else's\n")
     before = releases.file_hashes(tree)
     for verb in ("apply", "revert"):
-        _refused(
+        tool.refused(
             tool.run(verb, str(tree)),
             "vllm/_xpu_ops.py",
             "tests/kernels/quantization/test_xpu_gemm_fakes.py",
@@ -97,7 +91,7 @@ def test_refusal_names_every_offending_file(tree):
 def test_foreign_file_where_an_overlay_file_goes(tree):
     (tree / "vllm" / "_xpu_gemm_fakes.py").write_text("# someone else's\n")
     before = releases.file_hashes(tree)
-    _refused(tool.run("apply", str(tree)), "vllm/_xpu_gemm_fakes.py exists")
+    tool.refused(tool.run("apply", str(tree)), "vllm/_xpu_gemm_fakes.py exists")
     assert releases.file_hashes(tree) == before
 
 
@@ -105,7 +99,7 @@ def test_read_only_target(tree):
     target = tree / "vllm" / "_xpu_ops.py"
     target.chmod(0o444)
     before = releases.file_hashes(tree)
-    _refused(tool.run("apply", str(tree)), "vllm/_xpu_ops.py", "read-only")
+    tool.refused(tool.run("apply", str(tree)), "vllm/_xpu_ops.py", "read-only")
     assert releases.file_hashes(tree) == before
     assert target.stat().st_mode & 0o777 == 0o444
 
@@ -115,7 +109,7 @@ def test_read_only_directory(tree):
     directory.chmod(0o555)
     try:
         before = releases.file_hashes(tree)
-        _refused(
+        tool.refused(
             tool.run("apply", str(tree)), "tests/kernels/quantization", "read-only"
         )
         assert releases.file_hashes(tree) == before
@@ -137,7 +131,7 @@ def test_partially_applied_series(tree, fixture_env):
     shutil.copy(f"{overlay}/vllm/_fixture_overlay.py", tree / "vllm")
     before = releases.file_hashes(tree)
     result = tool.run("apply", str(tree), env=fixture_env)
-    _refused(
+    tool.refused(
         result,
         "partially patched",
         "0001-first.patch applied",
@@ -171,7 +165,7 @@ def test_failure_midway_leaves_the_tree_unchanged(tree, fixture_env, after):
     files are already in place: every one of them is put back."""
     before = releases.file_hashes(tree)
     env = dict(fixture_env, VLLM_XPU_FAKES_FAULT=f"fail-after:{after}")
-    _refused(
+    tool.refused(
         tool.run("apply", str(tree), env=env), "injected failure", "nothing changed"
     )
     assert releases.file_hashes(tree) == before

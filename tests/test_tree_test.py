@@ -12,7 +12,10 @@ from support import releases
 from xpufakes.common import paths
 
 TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
-RELEASE = "0.33.0"
+# the release whose dependencies .venv-tree has (the Makefile's choice)
+RELEASE = re.search(
+    r"^TREE_TEST_RELEASE \?= (\S+)$", (paths.REPO / "Makefile").read_text(), re.M
+).group(1)
 
 pytestmark = pytest.mark.skipif(
     not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"

@@ -504,12 +504,7 @@ def _refused_unchanged(root, args: tuple, *words: str, env=None) -> None:
     """`python -m xpufakes <args>` refuses with one line holding `words`, and
     the tree is unchanged."""
     before = _hashes(root)
-    result = tool.run(*args, env=env)
-    assert result.returncode == 1, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
+    tool.refused(tool.run(*args, env=env), *words)
     assert _hashes(root) == before
 
 
@@ -752,7 +747,12 @@ def test_apply_without_vllm_patches_the_vllm_python_imports(tmp_path):
         ("0.21.0", "0.21.1.dev0+gb18beee.d20260101", "0.21.0", "nearest pinned"),
         ("0.22.0", "0.22.0+xpu", "0.22.0", "its release"),
         ("0.16.0", "0.15.0.dev7", "0.16.0", "nearest pinned kernels-era release"),
-        ("0.33.0", "0.34.0", "0.33.0", "newer than the newest pinned release"),
+        (
+            releases.newest(),
+            releases.newer_than_every_pin(),
+            releases.newest(),
+            "newer than the newest pinned release",
+        ),
     ],
 )
 def test_detect_base(files, version, expected, why, monkeypatch):

@@ -18,7 +18,7 @@ import pytest
 
 from support import releases, small_tree, tool
 from xpufakes.changes import base
-from xpufakes.trees import pins, tree
+from xpufakes.trees import tree
 
 FORCED_OFF = (
     "vLLM 0.10.1.1 is not affected (torch.compile is off on XPU in this "
@@ -86,14 +86,6 @@ def test_audit_does_not_fail_an_unaffected_release(tmp_path):
     ]
 
 
-def _refused(result, *words: str) -> None:
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-
-
 def test_a_release_that_compiles_on_xpu_is_not_called_unaffected(tmp_path):
     """0.9.2 runs XPU on V1, which compiles (vllm/config.py sets PIECEWISE
     before the XPU platform's check, whose enforce_eager only turns off
@@ -101,7 +93,7 @@ def test_a_release_that_compiles_on_xpu_is_not_called_unaffected(tmp_path):
     root = _copy("0.9.2", tmp_path / "tree")
     before = releases.file_hashes(root)
     for verb in ("apply", "check"):
-        _refused(
+        tool.refused(
             tool.run(verb, str(root)),
             "vLLM 0.9.2 (vllm/_version.py) compiles the model on XPU",
             "older than the oldest pinned release (0.10.2): not supported",
@@ -116,52 +108,51 @@ def test_the_verdict_comes_from_the_tree_files(tmp_path):
     forced = re.compile(r"^.*compilation_config\.level = .*NO_COMPILATION.*\n", re.M)
     assert len(forced.findall(text)) == 1
     platform.write_text(forced.sub("            pass\n", text))
-    _refused(tool.run("apply", str(root)), "compiles the model on XPU")
+    tool.refused(tool.run("apply", str(root)), "compiles the model on XPU")
 
 
 def test_a_version_that_is_no_version_says_so(tmp_path):
     root = _copy("0.10.1.1", tmp_path / "tree")
     before = releases.file_hashes(root)
     result = tool.run("apply", str(root), env={"VLLM_VERSION": "banana"})
-    _refused(result, "VLLM_VERSION=banana is not a vLLM version")
+    tool.refused(result, "VLLM_VERSION=banana is not a vLLM version")
     assert "set VLLM_VERSION" not in result.stderr
     assert releases.file_hashes(root) == before
 
 
 def test_a_release_newer_than_every_pin(tmp_path, monkeypatch):
-    """0.34.0 on the day it ships: based on the newest pin and called what it
-    is, the line saying how a maintainer pins it; its modified files go down
-    the recipe path, whose proof is the one every downstream tree gets
-    (tests/test_trees.py)."""
-    root = small_tree.make("0.33.0", tmp_path / "tree")
+    """The next release on the day it ships: based on the newest pin and
+    called what it is, the line saying how a maintainer pins it; its
+    modified files go down the recipe path, whose proof is the one every
+    downstream tree gets (tests/test_trees.py)."""
+    newest, newer = releases.newest(), releases.newer_than_every_pin()
+    root = small_tree.make(newest, tmp_path / "tree")
     version_file = root / "vllm" / "_version.py"
-    version_file.write_text(version_file.read_text().replace("0.33.0", "0.34.0"))
+    version_file.write_text(version_file.read_text().replace(newest, newer))
     with open(root / "vllm" / "_xpu_ops.py", "a") as f:
-        f.write("# a change in 0.34.0\n")
+        f.write(f"# a change in {newer}\n")
     before = releases.file_hashes(root)
     result = tool.run("status", str(root))
     assert result.returncode == 0, result.stdout + result.stderr
     first = result.stdout.splitlines()[0]
     assert first.startswith(
-        "vLLM 0.34.0 (vllm/_version.py) is newer than the newest pinned release "
-        "(0.33.0): assuming base 0.33.0"
+        f"vLLM {newer} (vllm/_version.py) is newer than the newest pinned release "
+        f"({newest}): assuming base {newest}"
     ), first
     assert "applying by recipe" in first and "`make refresh`" in first
     assert "unreleased" not in first
     assert releases.file_hashes(root) == before
     monkeypatch.delenv("VLLM_VERSION", raising=False)
     detected = base.detect_base(tree.locate(str(root)))
-    assert detected.by_recipe and detected.pin.version == "0.33.0"
+    assert detected.by_recipe and detected.pin.version == newest
 
 
 def test_revert_of_a_newer_release_says_what_the_tree_is(tmp_path):
-    """A release newer than every pin whose files are the newest pin's (as
-    0.34.0's _xpu_ops.py is 0.33.0's): the pin's series applies as is, and
-    the revert's last line names the tree's own version, not the pin's (it
-    used to say "the tree is the pristine vLLM 0.33.0 again")."""
-    newest = pins.load().ordered()[-1].version
-    major, minor, _ = (int(p) for p in newest.split(".")[:3])
-    newer = f"{major}.{minor + 1}.0"
+    """A release newer than every pin whose files are the newest pin's (its
+    _xpu_ops.py unchanged): the pin's series applies as is, and the revert's
+    last line names the tree's own version, not the pin's (it used to say
+    "the tree is the pristine vLLM <newest pin> again")."""
+    newest, newer = releases.newest(), releases.newer_than_every_pin()
     root = small_tree.make(newest, tmp_path / "tree")
     version_file = root / "vllm" / "_version.py"
     version_file.write_text(version_file.read_text().replace(newest, newer))

@@ -285,3 +285,32 @@ def test_an_installed_release_applies_audits_clean_and_reverts(tmp_path):
     result = tool.run("revert", str(site))
     assert result.returncode == 0, result.stdout + result.stderr
     assert releases.file_hashes(site) == pristine
+
+
+def test_a_damaged_member_or_a_file_that_is_no_zip_is_refused(tmp_path):
+    """zipfile reads the members from the fetched spans and checks each
+    one's CRC: a member whose bytes changed after the zip was written is
+    refused, naming it; a file that is no zip says so. The same wheel
+    undamaged reads whole (the control)."""
+    from xpufakes.trees import wheel
+
+    files = {"vllm/__init__.py": b"x = 1\n" * 50, "vllm/a.py": b"y = 2\n" * 50}
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    good = tmp_path / "good.whl"
+    good.write_bytes(out.getvalue())
+    source = wheel.Local(good)
+    members = wheel.directory(source, "good.whl")
+    assert wheel.read(source, "good.whl", members, lambda n: None) == files
+    damaged = tmp_path / "damaged.whl"
+    damaged.write_bytes(out.getvalue().replace(b"y = 2\n", b"y = 3\n", 1))
+    source = wheel.Local(damaged)
+    members = wheel.directory(source, "damaged.whl")
+    with pytest.raises(wheel.BadZip, match=r"damaged.whl: vllm/a.py: Bad CRC-32"):
+        wheel.read(source, "damaged.whl", members, lambda n: None)
+    junk = tmp_path / "junk.whl"
+    junk.write_bytes(b"not a zip" * 100)
+    with pytest.raises(wheel.BadZip, match=r"junk.whl: not a zip file"):
+        wheel.directory(wheel.Local(junk), "junk.whl")

@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from xpufakes.changes import authoring, export, history, selection
+from xpufakes.changes import authoring, export, history, opfacts, selection
 from xpufakes.common import errors, streams
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit, verify
@@ -151,6 +151,15 @@ def cmd_overlay_history(args) -> int:
     return errors.OK
 
 
+def cmd_ops(args) -> int:
+    changed = opfacts.write()
+    for name in changed:
+        print(f"wrote {name}")
+    if not changed:
+        print("every copy of the op facts is up to date")
+    return errors.OK
+
+
 def cmd_refresh(args) -> int:
     for variant in authoring.refresh():
         print(f"{variant.series}: {', '.join(variant.releases)}")
@@ -252,6 +261,7 @@ def _parser() -> argparse.ArgumentParser:
     rest = ("pytest_args", {"nargs": argparse.REMAINDER})
     verb("test-tree", cmd_test_tree, "run the fakes' in-tree tests", vllm, rest)
     verb("overlay-history", cmd_overlay_history, "record the overlay's versions")
+    verb("ops", cmd_ops, "write the op facts' copies from the registry")
     verb("refresh", cmd_refresh, "rewrite patches/ and pins.toml from the sdists")
     return parser
 

@@ -12,16 +12,32 @@ from xpufakes.trees import fetch, pins, tree
 
 # `make test` covers every series (context variant) by its first release,
 # plus 0.14.1 (the IPEX era's last sdist, the release make e2e runs; the
-# wheel-only 0.15.x come after it) and 0.33.0, the newest; the tool's own
+# wheel-only 0.15.x come after it) and the newest pin; the tool's own
 # checks use one or two releases of each era. `make test-all` tests every
 # release everywhere.
 
-ERA_EXAMPLES = ("0.10.2", "0.14.1", "0.16.0", "0.27.1", "0.33.0")
+
+def newest() -> str:
+    """The newest pinned release (a new pin moves it: no test names it)."""
+    return pins.load().ordered()[-1].version
+
+
+def first() -> str:
+    return pins.load().ordered()[0].version
+
+
+def newer_than_every_pin() -> str:
+    """A plain release newer than every pin (the next minor release)."""
+    major, minor = pins.load().ordered()[-1].release[:2]
+    return f"{major}.{minor + 1}.0"
+
+
+ERA_EXAMPLES = ("0.10.2", "0.14.1", "0.16.0", "0.27.1", newest())
 
 
 def representative() -> list[str]:
     releases = pins.load().releases
-    chosen = set(ERA_EXAMPLES) & {"0.14.1", "0.33.0"}
+    chosen = set(ERA_EXAMPLES) & {"0.14.1", newest()}
     seen_series: set[str] = set()
     for version, pin in releases.items():
         if pin.series not in seen_series:

@@ -45,3 +45,14 @@ def git_env(name: str) -> dict:
         GIT_COMMITTER_NAME=name,
         GIT_COMMITTER_EMAIL=email,
     )
+
+
+def refused(result: subprocess.CompletedProcess, *words: str, status: int = 1) -> str:
+    """The tool's refusal: exit `status`, one `error:` line on stderr holding
+    every one of `words`; that line."""
+    assert result.returncode == status, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]

@@ -30,7 +30,7 @@ mismatch a warning is logged and the op is left alone (a wrong fake is
 worse than none). Ops that do not exist are skipped. Nothing here raises at
 import or registration time, and registering twice is a no-op.
 
-This module imports only torch, regex and the standard library.
+This module imports only torch, packaging and the standard library.
 """
 
 import importlib.metadata
@@ -41,8 +41,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import NamedTuple
 
-import regex as re
 import torch
+from packaging.version import Version
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +102,13 @@ _KERNEL_FEATURES: dict[str, tuple[tuple[int, ...], bool]] = {
 
 @cache
 def _xpu_kernels_version() -> tuple[int, ...] | None:
+    """The release number of the vllm-xpu-kernels installed, as PEP 440
+    reads it ("v0.1.13rc1+xpu" -> (0, 1, 13)); None when it is not installed
+    or its version is not PEP 440."""
     try:
-        version = importlib.metadata.version("vllm_xpu_kernels")
+        return Version(importlib.metadata.version("vllm_xpu_kernels")).release
     except Exception:
         return None
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(p) for p in match.group(0).split(".")) if match else None
 
 
 def _kernel_has(feature: str) -> bool:
@@ -501,8 +502,15 @@ def ipex_woq_linear_fake(
 # ---------------------------------------------------------------------------
 
 
-# op overload -> the fake this module registered for it
-_registered: dict[str, Callable[..., torch.Tensor]] = {}
+class _Registration(NamedTuple):
+    fake: Callable[..., torch.Tensor]
+    # The library the fake is registered through: torch takes back what a
+    # library registered when the library is destroyed.
+    library: torch.library.Library
+
+
+# op overload -> the fake this module registered for it, and how
+_registrations: dict[str, _Registration] = {}
 
 
 def _find_overload(qualname: str) -> torch._ops.OpOverload | None:
@@ -515,7 +523,8 @@ def _find_overload(qualname: str) -> torch._ops.OpOverload | None:
 
 
 def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> bool:
-    if _registered.get(qualname) is fake:
+    registration = _registrations.get(qualname)
+    if registration is not None and registration.fake is fake:
         return True
     op = _find_overload(qualname)
     if op is None:
@@ -531,11 +540,15 @@ def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> 
         )
         return False
     kwargs = {}
+    # Replace a fake registered earlier (an older, wrong one). Asked of the
+    # function, not of torch's version: torch 2.8 added allow_override during
+    # its nightlies (2.8.0.dev builds exist with and without it) and its
+    # default changed (False through 2.12, True from 2.13).
     if "allow_override" in inspect.signature(torch.library.register_fake).parameters:
-        # Replace a fake registered earlier (an older, wrong one).
         kwargs["allow_override"] = True
-    torch.library.register_fake(qualname, fake, **kwargs)
-    _registered[qualname] = fake
+    library = torch.library.Library(qualname.partition("::")[0], "FRAGMENT")
+    torch.library.register_fake(qualname, fake, lib=library, **kwargs)
+    _registrations[qualname] = _Registration(fake, library)
     return True
 
 
@@ -562,3 +575,12 @@ def register_ipex_gemm_fakes() -> list[str]:
     before.
     """
     return _register_all(IPEX_GEMM_FAKES)
+
+
+def unregister_fakes() -> None:
+    """Take back every fake this module registered (torch forgets them with
+    the libraries they were registered through); registering again
+    registers them anew. For tests, which define and remove the ops."""
+    while _registrations:
+        _, registration = _registrations.popitem()
+        registration.library._destroy()

@@ -56,10 +56,9 @@ def define(ref, kernels_release: str | None) -> str | None:
         release = ref._Release(ref.parse_version(kernels_release))
         kernel = ref.make_xpu_c_kernels(release)[name]
         schema, alias = ref.XPU_C_SCHEMAS[name], None
-    elif qualname == "torch_ipex::fp8_gemm_w8a16.xpu":
-        kernel = ref.ipex_fp8_gemm_w8a16
-        schema, alias = ref.TORCH_IPEX_SCHEMAS["fp8_gemm_w8a16.xpu"], "CONSERVATIVE"
-        name = "fp8_gemm_w8a16.xpu"
+    elif namespace == "torch_ipex" and name in ref.TORCH_IPEX_KERNELS:
+        kernel = ref.TORCH_IPEX_KERNELS[name]
+        schema, alias = ref.TORCH_IPEX_SCHEMAS[name], "CONSERVATIVE"
     else:
         raise RuntimeError(f"{VARIABLE}={qualname}: not a GEMM of the stand-ins")
     library = torch.library.Library(namespace, "FRAGMENT")

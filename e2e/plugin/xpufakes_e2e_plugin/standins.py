@@ -41,6 +41,8 @@ REGISTERING_MODULE = {"kernels": "vllm._xpu_ops", "ipex": "vllm._ipex_ops"}
 CHECKED_OPS = {
     "kernels": (
         "_xpu_C::fp8_gemm",
+        "_xpu_C::fp8_gemm_out",
+        "_xpu_C::fp8_bmm",
         "_xpu_C::fp8_gemm_w8a16",
         "_xpu_C::fp4_gemm",
         "_xpu_C::int4_gemm_w4a16",

@@ -16,18 +16,20 @@ afterwards only the members are read, verified against that RECORD
 
 import datetime
 import hashlib
+import json
 import re
 import shutil
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpufakes.changes import kernels, recipes, unidiff
+from xpufakes.changes import kernels, opfacts, recipes, unidiff
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
-from xpufakes.trees import fetch, index, pins, wheel
+from xpufakes.trees import fetch, index, pinfacts, pins, wheel
 from xpufakes.trees.pins import version_tuple
 
-FIRST, LAST = (0, 10, 0), (0, 33, 0)
+FIRST, LAST = (0, 10, 0), (0, 34, 0)
 SIGNED_OFF_BY = (
     "Seed a851f495 maintainers <maintainers@users.noreply.a-seed-a851f495.example>"
 )
@@ -144,6 +146,7 @@ def _normalized(diff: str) -> str:
 
 
 def refresh(date: str | None = None) -> list[Variant]:
+    opfacts.write()  # the overlay's copies, before the series
     known = pins.load().releases if paths.PINS.exists() else {}
     variants: dict[tuple, Variant] = {}
     entries = {}
@@ -170,7 +173,36 @@ def refresh(date: str | None = None) -> list[Variant]:
         for version in variant.releases:
             entries[version]["series"] = variant.series
     _write_pins(entries)
+    pins.load.cache_clear()
+    pinfacts.write(paths.REPO)
+    newest = pins.load().ordered()[-1]
+    write_overlay_lint(fetch.fetch(newest) / "pyproject.toml")
     return list(variants.values())
+
+
+OVERLAY_LINT = paths.REPO / "vllm_overlay" / "ruff.toml"
+# not for the overlay outside a tree: its directories are packages there
+NOT_FOR_THE_OVERLAY = {"INP"}
+
+
+def write_overlay_lint(pyproject: Path) -> None:
+    """vllm_overlay/ruff.toml's select and ignore: the newest pinned
+    release's (its pyproject.toml [tool.ruff.lint]), the rest kept."""
+    lint = tomllib.loads(pyproject.read_text())["tool"]["ruff"]["lint"]
+    text = OVERLAY_LINT.read_text()
+    for key, codes in (
+        ("select", [c for c in lint["select"] if c not in NOT_FOR_THE_OVERLAY]),
+        ("ignore", list(lint["ignore"])),
+    ):
+        line = f"{key} = {json.dumps(codes)}"  # a TOML array of strings
+        text = re.sub(
+            rf"^{key} = \[.*?\]$",
+            lambda _, line=line: line,
+            text,
+            count=1,
+            flags=re.M | re.S,
+        )
+    OVERLAY_LINT.write_text(text)
 
 
 def patch_text(variant: Variant, index: int, date: str) -> str:

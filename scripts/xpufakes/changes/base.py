@@ -10,8 +10,8 @@ assumed and why:
   release if pinned, else the nearest pinned release below it;
 * an untagged git checkout: the nearest ``v<release>`` tag below HEAD
   (``git describe --tags``), "unreleased, based on v<release>";
-* a plain version newer than every pinned release (0.34.0 on the day it
-  ships): "newer than the newest pinned release", based on it.
+* a plain version newer than every pinned release (the next release on
+  the day it ships): "newer than the newest pinned release", based on it.
 
 A tree older than the first patched release (0.10.2) is not affected when
 torch.compile is off on XPU there (compiled.py): apply, check, revert and

@@ -9,7 +9,8 @@ upgrades it.
   version" when reversing one of them gives the release's pristine file.
 
 Both are generated from the git history of vllm_overlay/ and patches/
-(`python -m xpufakes overlay-history`, `make overlay-history`); tests check
+(`python -m xpufakes overlay-history`, `make overlay-history`), added to
+what was recorded before (a recorded version is never dropped); tests check
 that they cover every committed version.
 """
 
@@ -151,8 +152,25 @@ def earlier_diffs(path: str) -> tuple[list[unidiff.FileDiff], ...]:
     return _earlier_diffs().get(path, ())
 
 
+def merged(recorded: dict[str, list], found: dict[str, list]) -> dict[str, list]:
+    """What was recorded, then what git has that it lacks: a version once
+    recorded stays (a tree in the field may hold it although no reachable
+    commit does, e.g. after a branch was squashed)."""
+    return {
+        path: [
+            *recorded.get(path, []),
+            *(v for v in found.get(path, []) if v not in recorded.get(path, [])),
+        ]
+        for path in sorted({*recorded, *found})
+    }
+
+
 def write(repo: Path = paths.REPO) -> list[Path]:
-    DATA.write_text(render(from_git(repo)))
-    diffs = {"files": diffs_from_git(repo)}
+    """Add what the git history of vllm_overlay/ and patches/ has to the
+    recorded versions (never drops one)."""
+    recorded = tomllib.loads(DATA.read_text())["files"] if DATA.is_file() else {}
+    DATA.write_text(render(merged(recorded, from_git(repo))))
+    earlier = json.loads(DIFFS.read_text())["files"] if DIFFS.is_file() else {}
+    diffs = {"files": merged(earlier, diffs_from_git(repo))}
     DIFFS.write_text(json.dumps(diffs, indent=1, sort_keys=True) + "\n")
     return [DATA, DIFFS]

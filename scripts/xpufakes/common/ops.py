@@ -19,6 +19,15 @@ FAKES = tomllib.loads((paths.DATA / "fakes.toml").read_text())["op"]
 XPU_C_GEMMS = tuple(
     op["name"].partition("::")[2] for op in FAKES if op["era"] == "kernels"
 )
+# The in-place cut's test regions of code several GEMMs' cases share
+# (region -> the GEMMs that need it; fakes.toml's shared_test_region).
+SHARED_TEST_TAGS: dict[str, tuple[str, ...]] = {}
+for _op in FAKES:
+    if "shared_test_region" in _op:
+        SHARED_TEST_TAGS[_op["shared_test_region"]] = (
+            *SHARED_TEST_TAGS.get(_op["shared_test_region"], ()),
+            _op["name"].partition("::")[2],
+        )
 # IPEX's GEMM that vLLM 0.10.2 - 0.15.1 call from XPUFp8LinearMethod.apply
 # (without its overload).
 (IPEX_GEMM,) = (op["name"].split(".")[0] for op in FAKES if op["era"] == "ipex")
@@ -29,6 +38,8 @@ XPU_C_GEMMS = tuple(
 # made by opaque_ipex_woq_linear(...).
 IPEX_WOQ = "torch_ipex::WeightOnlyQuantizedLinear.forward"
 IPEX_WOQ_WRAPPER = "opaque_ipex_woq_linear"
+# The op vllm/_ipex_woq_linear.py registers around it (with its own test).
+IPEX_WOQ_OP = "vllm::ipex_woq_linear"
 
 
 @dataclass(frozen=True)

@@ -740,13 +740,24 @@ class _TorchvisionName(metaclass=_Anything):
         )
 
 
-class _TorchvisionModule(types.ModuleType):
+class _NamesModule(types.ModuleType):
+    """A stand-in module: each name asked of it is made once, by
+    ``make(module name, name)``, and kept."""
+
+    def __init__(self, name: str, make: Callable[[str, str], object]):
+        super().__init__(name)
+        self._make = make
+
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        made = _Anything(name, (_TorchvisionName,), {"__module__": self.__name__})
+        made = self._make(self.__name__, name)
         setattr(self, name, made)
         return made
+
+
+def _torchvision_name(module: str, name: str) -> type:
+    return _Anything(name, (_TorchvisionName,), {"__module__": module})
 
 
 class _Torchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -756,7 +767,7 @@ class _Torchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        module = _TorchvisionModule(spec.name)
+        module = _NamesModule(spec.name, _torchvision_name)
         module.__path__ = []
         # transformers reads the version once it finds the package: one
         # below every version it asks for, so that where it has a choice it
@@ -820,15 +831,6 @@ class _DownstreamName:
         )
 
 
-class _DownstreamModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        made = _DownstreamName(f"{self.__name__}.{name}")
-        setattr(self, name, made)
-        return made
-
-
 class _Downstream(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
         if fullname.partition(".")[0] in DOWNSTREAM_PACKAGES:
@@ -836,7 +838,7 @@ class _Downstream(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        module = _DownstreamModule(spec.name)
+        module = _NamesModule(spec.name, lambda m, n: _DownstreamName(f"{m}.{n}"))
         module.__path__ = []
         return module
 

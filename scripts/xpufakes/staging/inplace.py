@@ -39,8 +39,6 @@ from xpufakes.trees import tree
 XPU_OPS = "vllm/_xpu_ops.py"
 TEST_SOURCE = Path("in-place") / recipes.TREE_TEST  # under vllm_overlay/
 WRAPPER_TAG = "xpu-fp8-bmm"
-# test regions of ops that share code (tag -> the ops that need it)
-SHARED_TEST_TAGS = {"op-int4": ("int4_gemm_w4a16", "int4_gemm_w4a8")}
 
 
 class CutError(Exception):
@@ -510,7 +508,7 @@ def test_text(gemms: list[str], wrappers: bool) -> str:
     source = (paths.OVERLAY / TEST_SOURCE).read_text()
     tags = set(re.findall(r"# xpufakes: ([a-z0-9_-]+) begin", source))
     keep = {f"op-{g}" for g in gemms}
-    keep |= {t for t, ops in SHARED_TEST_TAGS.items() if set(ops) & set(gemms)}
+    keep |= {t for t, used in ops.SHARED_TEST_TAGS.items() if set(used) & set(gemms)}
     if wrappers:
         keep.add(WRAPPER_TAG)
     return upstream.strip_regions(source, tags - keep)

@@ -6,7 +6,8 @@ The x86_64 wheel is ~509 MB, nearly all of it the compiled extensions
 (vllm/_C.abi3.so, the flash-attention builds, ...), which nothing of this
 tool opens: the stand-ins answer for them. The rest is ~5 MB. So the wheel
 is read through HTTP range requests: the zip's central directory from its
-end, then only the other members, in a few contiguous spans.
+end, then only the other members, in a few contiguous spans; `zipfile`
+reads the zip from those bytes (RangeFile).
 
 Verified: the wheel's RECORD holds the sha256 of every member, and the
 sha256 of RECORD itself is pinned (patches/pins.toml, record_sha256, taken
@@ -24,9 +25,8 @@ import hashlib
 import io
 import os
 import re
-import struct
 import urllib.parse
-import zlib
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +62,7 @@ class Source:
     """A wheel to read bytes of."""
 
     size: int
+    zip: zipfile.ZipFile | None = None  # once its directory is read
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes start..end-1."""
@@ -125,67 +126,84 @@ class BadZip(Refusal):
     pass
 
 
+class RangeFile(io.RawIOBase):
+    """A Source as the seekable binary file `zipfile` reads, answered from
+    the spans fetched so far (the tail at first; read() prefetches the
+    chosen members' spans), fetching any other bytes asked for."""
+
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+        tail = source.tail(TAIL)  # NoRanges here: the server cannot
+        self.chunks: list[tuple[int, bytes]] = [(source.size - len(tail), tail)]
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.source.size}
+        self.pos = base[whence] + offset
+        return self.pos
+
+    def fetched(self, start: int, data: bytes) -> None:
+        self.chunks.append((start, data))
+
+    def read(self, count: int = -1) -> bytes:
+        end = self.source.size if count < 0 else min(self.pos + count, self.source.size)
+        if end <= self.pos:
+            return b""
+        for start, data in self.chunks:
+            if start <= self.pos and end <= start + len(data):
+                found = data[self.pos - start : end - start]
+                break
+        else:
+            found = self.source.read(self.pos, end)
+            self.fetched(self.pos, found)
+        self.pos = end
+        return found
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _opened(source: Source, name: str) -> zipfile.ZipFile:
+    """The zip of a source, its central directory read once."""
+    if getattr(source, "zip", None) is None:
+        try:
+            source.zip = zipfile.ZipFile(RangeFile(source))
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
+            raise BadZip(f"{name}: not a zip file ({e})") from None
+    return source.zip
+
+
 def directory(source: Source, name: str) -> list[Member]:
-    """Every member of the zip, from its central directory."""
-    tail = source.tail(TAIL)
-    base = source.size - len(tail)
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or len(tail) < at + 22:
-        raise BadZip(f"{name}: not a zip file (no end of central directory)")
-    count, cd_size, cd_offset = struct.unpack("<HII", tail[at + 10 : at + 20])
-    if 0xFFFF in (count,) or 0xFFFFFFFF in (cd_size, cd_offset):
-        locator = tail.rfind(b"PK\x06\x07", 0, at)
-        if locator < 0:
-            raise BadZip(f"{name}: zip64 without its locator")
-        (record_at,) = struct.unpack("<Q", tail[locator + 8 : locator + 16])
-        record = source.read(record_at, record_at + 56)
-        if record[:4] != b"PK\x06\x06":
-            raise BadZip(f"{name}: bad zip64 end of central directory")
-        count, cd_size, cd_offset = struct.unpack("<QQQ", record[32:56])
-    if cd_offset >= base:
-        cd = tail[cd_offset - base : cd_offset - base + cd_size]
-    else:
-        cd = source.read(cd_offset, cd_offset + cd_size)
-    rows = []
-    pos = 0
-    while pos + 46 <= len(cd) and cd[pos : pos + 4] == b"PK\x01\x02":
-        (method, _, _, crc, csize, usize, nlen, elen, clen) = struct.unpack(
-            "<HHHIIIHHH", cd[pos + 10 : pos + 34]
-        )
-        (attributes, offset) = struct.unpack("<II", cd[pos + 38 : pos + 46])
-        member = cd[pos + 46 : pos + 46 + nlen].decode("utf-8")
-        extra = cd[pos + 46 + nlen : pos + 46 + nlen + elen]
-        usize, csize, offset = _zip64(extra, usize, csize, offset)
-        rows.append((offset, member, csize, usize, method, crc, attributes >> 16))
-        pos += 46 + nlen + elen + clen
-    if len(rows) != count:
-        raise BadZip(f"{name}: {len(rows)} members in the directory, {count} said")
-    rows.sort()
-    ends = [r[0] for r in rows[1:]] + [cd_offset]
+    """Every member of the zip, from its central directory (zipfile's
+    reading of it, zip64 included)."""
+    opened = _opened(source, name)
+    infos = sorted(opened.infolist(), key=lambda i: i.header_offset)
+    ends = [i.header_offset for i in infos[1:]] + [opened.start_dir]
     return [
-        Member(member, offset, end, csize, usize, method, crc, mode & 0o777)
-        for (offset, member, csize, usize, method, crc, mode), end in zip(
-            rows, ends, strict=True
+        Member(
+            i.filename,
+            i.header_offset,
+            end,
+            i.compress_size,
+            i.file_size,
+            i.compress_type,
+            i.CRC,
+            (i.external_attr >> 16) & 0o777,
         )
+        for i, end in zip(infos, ends, strict=True)
     ]
-
-
-def _zip64(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
-    pos = 0
-    while pos + 4 <= len(extra):
-        kind, length = struct.unpack("<HH", extra[pos : pos + 4])
-        if kind == 1:
-            values = list(
-                struct.unpack(f"<{length // 8}Q", extra[pos + 4 : pos + 4 + length])
-            )
-            if usize == 0xFFFFFFFF:
-                usize = values.pop(0)
-            if csize == 0xFFFFFFFF:
-                csize = values.pop(0)
-            if offset == 0xFFFFFFFF:
-                offset = values.pop(0)
-        pos += 4 + length
-    return usize, csize, offset
 
 
 def spans(members: list[Member]) -> list[tuple[int, int, list[Member]]]:
@@ -200,32 +218,22 @@ def spans(members: list[Member]) -> list[tuple[int, int, list[Member]]]:
     return out
 
 
-def _content(name: str, member: Member, raw: bytes) -> bytes:
-    """A member's bytes from its local header on."""
-    if raw[:4] != b"PK\x03\x04":
-        raise BadZip(f"{name}: {member.name}: no local header")
-    nlen, elen = struct.unpack("<HH", raw[26:30])
-    start = 30 + nlen + elen
-    data = raw[start : start + member.compressed]
-    if member.method == 8:
-        data = zlib.decompressobj(-15).decompress(data)
-    elif member.method != 0:
-        raise BadZip(f"{name}: {member.name}: compression {member.method}")
-    if len(data) != member.size or zlib.crc32(data) != member.crc:
-        raise BadZip(f"{name}: {member.name}: its CRC or size is not the zip's")
-    return data
-
-
 def read(
     source: Source, name: str, chosen: list[Member], advance: Callable[[int], None]
 ) -> dict[str, bytes]:
-    """The chosen members' bytes, by name."""
+    """The chosen members' bytes, by name: their spans fetched in one request
+    each, then each member read by zipfile, which checks its CRC and size."""
+    opened = _opened(source, name)
     found = {}
     for start, end, group in spans(chosen):
         data = source.read(start, end)
         advance(len(data))
+        opened.fp.fetched(start, data)
         for m in group:
-            found[m.name] = _content(name, m, data[m.offset - start : m.end - start])
+            try:
+                found[m.name] = opened.read(m.name)
+            except (zipfile.BadZipFile, NotImplementedError, EOFError) as e:
+                raise BadZip(f"{name}: {m.name}: {e}") from None
     return found
 
 

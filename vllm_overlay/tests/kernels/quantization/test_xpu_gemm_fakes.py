@@ -62,9 +62,8 @@ def xpu_gemm_ops():
     definers.append(reference.define_torch_ipex_kernels)
     registrations.append(fakes.register_ipex_gemm_fakes)
     # xpufakes: ipex-only end
-    with reference.stand_in_ops(definers, registrations):
+    with reference.stand_in_ops(definers, registrations, fakes.unregister_fakes):
         yield
-    fakes._registered.clear()
 
 
 TEST_UTILS = reference.FAKE_CHECKS

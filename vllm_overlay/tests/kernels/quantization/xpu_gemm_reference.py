@@ -37,8 +37,8 @@ XPU_C_SCHEMAS = {
     "fp8_gemm_out": "fp8_gemm_out(Tensor(a!) out, Tensor A, Tensor B, "
     "ScalarType? out_dtype, Tensor? A_scale_, Tensor? B_scale_, "
     "Tensor? bias_) -> Tensor",
-    "fp8_bmm": "fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, "
-    "Tensor? A_scale_, Tensor? B_scale_, Tensor? bias_) -> Tensor",
+    "fp8_bmm": "fp8_bmm(Tensor A, Tensor B, ScalarType? out_dtype, Tensor? A_scale_, "
+    "Tensor? B_scale_, Tensor? bias_) -> Tensor",
     "fp8_gemm_w8a16": "fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
     "Tensor? bias_) -> Tensor",
     "fp4_gemm": "fp4_gemm(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
@@ -407,15 +407,8 @@ def make_xpu_c_kernels(release: _Release) -> dict:
         w = dequantize_int4(B, B_scale, B_zp, group_size)
         return _finish(out, a @ w, _bias(bias, a.shape[0], w.shape[1]))
 
-    return {
-        "fp8_gemm": fp8_gemm,
-        "fp8_gemm_out": fp8_gemm_out,
-        "fp8_bmm": fp8_bmm,
-        "fp8_gemm_w8a16": fp8_gemm_w8a16,
-        "fp4_gemm": fp4_gemm,
-        "int4_gemm_w4a16": int4_gemm_w4a16,
-        "int4_gemm_w4a8": int4_gemm_w4a8,
-    }
+    # every function above is the kernel of the op of its name
+    return {name: kernel for name, kernel in locals().items() if callable(kernel)}
 
 
 # ---------------------------------------------------------------------------
@@ -446,6 +439,10 @@ def ipex_fp8_gemm_w8a16(A, B, trans_B, B_scale, bias):
 # ---------------------------------------------------------------------------
 # Quantized formats
 # ---------------------------------------------------------------------------
+
+
+# op (with its overload) -> its reference kernel
+TORCH_IPEX_KERNELS = {"fp8_gemm_w8a16.xpu": ipex_fp8_gemm_w8a16}
 
 
 def unpack_fp4(packed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -534,38 +531,34 @@ def define_torch_ipex_kernels() -> dict:
     builds define them), with CPU reference implementations."""
     lib = torch.library.Library("torch_ipex", "FRAGMENT")
     defined = []
-    impls = {"fp8_gemm_w8a16.xpu": ipex_fp8_gemm_w8a16}
     for name, schema in TORCH_IPEX_SCHEMAS.items():
         op_name, _, overload = name.partition(".")
         packet = getattr(torch.ops.torch_ipex, op_name, None)
         if packet is not None and overload in packet.overloads():
             continue
         lib.define(schema, alias_analysis="CONSERVATIVE")
-        lib.impl(name, as_backend_kernel(impls[name]), "CPU")
+        lib.impl(name, as_backend_kernel(TORCH_IPEX_KERNELS[name]), "CPU")
         defined.append(name)
     return {"library": lib, "ops": defined}
 
 
 @contextlib.contextmanager
 def stand_in_ops(
-    definers: list[Callable[[], dict]], registrations: list[Callable[[], object]]
+    definers: list[Callable[[], dict]],
+    registrations: list[Callable[[], object]],
+    unregister: Callable[[], object] | None = None,
 ) -> Iterator[None]:
     """Define the stand-in ops (``definers``), register their fakes
-    (``registrations``), and on exit remove the ops and every fake registered
-    for them: nothing is left in ``torch.ops`` afterwards."""
-    start = len(torch.library._keep_alive)
+    (``registrations``), and on exit take the fakes back (``unregister``)
+    and remove the ops: nothing is left in ``torch.ops`` afterwards."""
     libraries = [define()["library"] for define in definers]
-    namespaces = {lib.ns for lib in libraries}
     try:
         for register in registrations:
             register()
         yield
     finally:
-        # register_fake(lib=None) keeps a library of its own per fake.
-        for lib in list(torch.library._keep_alive[start:]):
-            if lib.ns in namespaces:
-                lib._destroy()
-                torch.library._keep_alive.remove(lib)
+        if unregister is not None:
+            unregister()
         for lib in libraries:
             lib._destroy()
 

@@ -47,7 +47,24 @@ def _bytes(dtype: torch.dtype, *shape: int, low: int = 0, high: int = 256):
     return torch.randint(low, high, shape, dtype=torch.uint8, device=DEVICE).view(dtype)
 
 
+OUT_DTYPES = (None, torch.bfloat16)
+BIAS = ("no-bias", "bias")
+# op -> (its arguments, the values of each of its parameters)
+GRID: dict[str, tuple] = {}
+
+
+def _cases(op: str, *dims: tuple):
+    """Enter the decorated function in GRID as the arguments of `op`."""
+
+    def enter(make_args):
+        GRID[op] = (make_args, dims)
+        return make_args
+
+    return enter
+
+
 # xpufakes: op-fp8_gemm_w8a16 begin
+@_cases("_xpu_C::fp8_gemm_w8a16", LAYOUTS, ("nt", "nn"), BIAS)
 def _fp8_gemm_w8a16(layout, weight, bias):
     x = _activation(layout, torch.bfloat16)
     return x, _fp8_weight(weight), _scale(1), _bias(bias, torch.bfloat16)
@@ -55,6 +72,7 @@ def _fp8_gemm_w8a16(layout, weight, bias):
 
 # xpufakes: op-fp8_gemm_w8a16 end
 # xpufakes: op-fp8_gemm begin
+@_cases("_xpu_C::fp8_gemm", LAYOUTS, ("nt", "nn"), OUT_DTYPES)
 def _fp8_gemm(layout, weight, out_dtype):
     x = _activation(layout, FP8)
     return x, _fp8_weight(weight), out_dtype, _scale(1), _scale(1), None
@@ -62,6 +80,7 @@ def _fp8_gemm(layout, weight, out_dtype):
 
 # xpufakes: op-fp8_gemm end
 # xpufakes: op-fp4_gemm begin
+@_cases("_xpu_C::fp4_gemm", ("2d", "3d", "transposed"), OUT_DTYPES, BIAS)
 def _fp4_gemm(layout, out_dtype, bias):
     x = _bytes(torch.float4_e2m1fn_x2, 3, 5, 64)  # K = 128, two values a byte
     x = {"2d": x[0], "3d": x, "transposed": x.transpose(0, 1)}[layout]
@@ -81,6 +100,7 @@ def _int4_weight(group: int = 32):
 
 # xpufakes: op-int4 end
 # xpufakes: op-int4_gemm_w4a16 begin
+@_cases("_xpu_C::int4_gemm_w4a16", LAYOUTS, BIAS)
 def _int4_gemm_w4a16(layout, bias):
     x = _activation(layout, torch.float16)
     w, scale, zp = _int4_weight()
@@ -89,6 +109,7 @@ def _int4_gemm_w4a16(layout, bias):
 
 # xpufakes: op-int4_gemm_w4a16 end
 # xpufakes: op-int4_gemm_w4a8 begin
+@_cases("_xpu_C::int4_gemm_w4a8", LAYOUTS)
 def _int4_gemm_w4a8(layout):
     x = _activation(layout, torch.int8)
     rows = x.numel() // x.size(-1)
@@ -99,6 +120,7 @@ def _int4_gemm_w4a8(layout):
 
 # xpufakes: op-int4_gemm_w4a8 end
 # xpufakes: xpu-fp8-bmm begin
+@_cases("vllm::xpu_fp8_bmm", ("3d", "transposed"), ("nt", "nn"))
 def _xpu_fp8_bmm(layout, weight):
     x = _activation(layout, FP8)
     w = _fp8_weight(weight, batch=(x.size(0),))
@@ -106,29 +128,6 @@ def _xpu_fp8_bmm(layout, weight):
 
 
 # xpufakes: xpu-fp8-bmm end
-OUT_DTYPES = (None, torch.bfloat16)
-BIAS = ("no-bias", "bias")
-# op -> (arguments, the values of each of its parameters)
-GRID = {
-    # xpufakes: op-fp8_gemm_w8a16 begin
-    "_xpu_C::fp8_gemm_w8a16": (_fp8_gemm_w8a16, (LAYOUTS, ("nt", "nn"), BIAS)),
-    # xpufakes: op-fp8_gemm_w8a16 end
-    # xpufakes: op-fp8_gemm begin
-    "_xpu_C::fp8_gemm": (_fp8_gemm, (LAYOUTS, ("nt", "nn"), OUT_DTYPES)),
-    # xpufakes: op-fp8_gemm end
-    # xpufakes: op-fp4_gemm begin
-    "_xpu_C::fp4_gemm": (_fp4_gemm, (("2d", "3d", "transposed"), OUT_DTYPES, BIAS)),
-    # xpufakes: op-fp4_gemm end
-    # xpufakes: op-int4_gemm_w4a16 begin
-    "_xpu_C::int4_gemm_w4a16": (_int4_gemm_w4a16, (LAYOUTS, BIAS)),
-    # xpufakes: op-int4_gemm_w4a16 end
-    # xpufakes: op-int4_gemm_w4a8 begin
-    "_xpu_C::int4_gemm_w4a8": (_int4_gemm_w4a8, (LAYOUTS,)),
-    # xpufakes: op-int4_gemm_w4a8 end
-    # xpufakes: xpu-fp8-bmm begin
-    "vllm::xpu_fp8_bmm": (_xpu_fp8_bmm, (("3d", "transposed"), ("nt", "nn"))),
-    # xpufakes: xpu-fp8-bmm end
-}
 CASES = [
     pytest.param(op, args, values, id="-".join([op.split("::")[1], *map(str, values)]))
     for op, (args, dims) in GRID.items()
