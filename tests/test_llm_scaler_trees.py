@@ -163,6 +163,14 @@ def test_llm_scaler_tree_whole_model(commit, tmp_path, record_property):
             assert applied.returncode == 0, applied.stdout + applied.stderr
         found[stage] = model_trace(tree, tmp_path)
         record_property(stage, shown(found[stage]))
+    for stage in found:
+        for configuration, result in list(found[stage].items()):
+            if not ipex and configuration == "sp":
+                # 0.16.0+ turns sequence parallelism off at TP=1 (the proof
+                # is one process): the tree's limit, said as such
+                assert result["result"] == "tree limit", result
+                assert "turned enable_sp off" in result["error"], result
+                del found[stage][configuration]
     for result in found["full fix"].values():
         assert result["result"] == "traced", result
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
