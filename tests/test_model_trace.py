@@ -460,3 +460,34 @@ def test_model_names():
     assert {"qwen3_moe", "qwen3_vl_moe"} <= set(every) and len(every) == len(set(every))
     with pytest.raises(Refusal, match="unknown model 'nope' \\(known: "):
         modelproof.names("qwen3_moe,nope")
+
+
+def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
+    """vLLM's configs are pydantic models: a ValidationError's first line is
+    only "1 validation error for ModelConfig" (what the audit showed for
+    gemma3 and qwen2_5_vl on the report's tree). The cell says the reason
+    under it; the first line alone (the negative control) does not."""
+    pydantic = pytest.importorskip("pydantic")
+    from xpufakes.proof import modeltrace
+
+    class ModelConfig(pydantic.BaseModel):
+        size: int
+
+        @pydantic.model_validator(mode="after")
+        def _check(self):
+            if self.size > 1:
+                raise ValueError("Gemma3ForCausalLM is not supported")
+            return self
+
+    for value, reason in (
+        (2, "Value error, Gemma3ForCausalLM is not supported"),
+        ("x", "size Input should be a valid integer, unable to parse string"),
+    ):
+        with pytest.raises(pydantic.ValidationError) as raised:
+            ModelConfig(size=value)
+        first = str(raised.value).splitlines()[0]
+        assert first == "1 validation error for ModelConfig"  # says no reason
+        said = modeltrace.not_built(raised.value, tmp_path)
+        assert said["result"] == "not built"
+        assert said["error"].startswith(f"ValidationError: {first}: {reason}"), said
+        assert "[type=" not in said["error"] and "errors.pydantic" not in said["error"]

@@ -508,11 +508,22 @@ def _mode_name(mode) -> str:
     return f"level {mode}" + (f" ({names[0]})" if names else "")
 
 
+# pydantic's first line of a ValidationError ("1 validation error for
+# ModelConfig"), whose reason is on the lines after it
+_SUMMARY = re.compile(r"\d+ validation errors? for \w+")
+
+
 def not_built(error: BaseException, tree: Path, start: float | None = None) -> dict:
     """The result of a model that could not be built: the first line of the
-    error, the frames of the tree it passed through (innermost last), the
+    error (and the reason under it where that line is pydantic's summary),
+    the frames of the tree it passed through (innermost last), the
     end of its traceback, and the missing module of a ModuleNotFoundError."""
     lines = str(error).strip().splitlines() or [""]
+    first = lines[0].strip()
+    if _SUMMARY.fullmatch(first):  # pydantic's: the reason is below it
+        below = [line.strip() for line in lines[1:3] if line.strip()]
+        below = [line for line in below if not line.startswith("For further")]
+        first = f"{first}: " + " ".join(b.split(" [type=")[0] for b in below)
     frames = []
     for frame in traceback.extract_tb(error.__traceback__):
         path = Path(frame.filename)
@@ -520,7 +531,7 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
             frames.append(f"{path.relative_to(tree)}:{frame.lineno} {frame.name}")
     said = {
         "result": "not built",
-        "error": f"{type(error).__name__}: {lines[0].strip()}",
+        "error": f"{type(error).__name__}: {first}",
         "where": frames,
         "traceback": "".join(traceback.format_exception(error))[-3000:],
         "graphs": 0,
