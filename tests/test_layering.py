@@ -43,6 +43,7 @@ LAYERS = {
     # the proof and the audit
     "proof": [
         "reach standins proofpython models plugin",
+        "quantize_convert_standin",
         "scan loading modelproof",
         "modeltrace",
         "audit verify",

@@ -491,3 +491,135 @@ def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
         assert said["result"] == "not built"
         assert said["error"].startswith(f"ValidationError: {first}: {reason}"), said
         assert "[type=" not in said["error"] and "errors.pydantic" not in said["error"]
+
+
+def test_the_sym_int4_library_stand_in_keeps_the_images_layout(tmp_path):
+    """intel/llm-scaler's sym_int4 quantizes with a ctypes library; the
+    stand-in is built and called as sym_int4.py calls it (its argtypes), and
+    read back as the image's own test reads the library's output
+    (custom-esimd-kernels-vllm/tests/test_norm_gemv_int4.py,
+    cpu_dequantize: value k in bits 4*(k%8) of word k/8, (q - 8) * scale).
+    Negative control: reading the nibbles in the other order does not give
+    the weight back."""
+    import ctypes
+
+    import torch
+
+    from xpufakes.proof import standins
+
+    library = ctypes.CDLL(str(standins.q4_0_library(tmp_path)))
+    function = library.quantize_q4_0_to_qweight_and_scale
+    function.argtypes = [
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.POINTER(ctypes.c_uint16),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    function.restype = ctypes.c_size_t
+    n, k, block = 4, 256, 128
+    weight = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
+    qweight = torch.zeros(n, k // 8, dtype=torch.int32)
+    scale = torch.zeros(n, k // block, dtype=torch.float16)
+    written = function(
+        ctypes.cast(weight.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+        ctypes.cast(qweight.data_ptr(), ctypes.POINTER(ctypes.c_int32)),
+        ctypes.cast(scale.data_ptr(), ctypes.POINTER(ctypes.c_uint16)),
+        n,
+        k,
+        block,
+    )
+    assert written == qweight.numel() * 4 + scale.numel() * 2
+
+    def read(order):
+        words = qweight.to(torch.int64) & 0xFFFFFFFF
+        q = torch.stack([(words >> (4 * b)) & 0xF for b in order], dim=-1)
+        q = q.reshape(n, k).float() - 8
+        return q * scale.float().repeat_interleave(block, dim=1)
+
+    step = (weight.abs().reshape(n, -1, block).amax(-1) / 8).repeat_interleave(
+        block, dim=1
+    )
+    # Q4_0: half a step, a whole one where +8 steps is clamped to +7
+    within = step * 1.01
+    assert ((read(range(8)) - weight).abs() <= within).all()
+    assert ((read(range(8)) - weight).abs() <= step * 0.51).float().mean() > 0.95
+    assert not ((read(reversed(range(8))) - weight).abs() <= within).all()
+
+
+def _int4_values(rows, columns, seed):
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 16, (rows, columns), generator=generator)
+
+
+def _pack_columns(values, order):
+    """Eight 4-bit values per int32 along the columns, nibble i holding
+    column `order[i]` of each eight (AutoAWQ's packer: order 0 2 4 6 1 3 5
+    7; GPTQ's zero points: 0..7)."""
+    import torch
+
+    grouped = values.reshape(values.shape[0], -1, 8)
+    packed = torch.zeros(grouped.shape[:2], dtype=torch.int64)
+    for nibble, column in enumerate(order):
+        packed |= grouped[:, :, column].long() << (4 * nibble)
+    return packed.to(torch.int32)  # wraps as the checkpoints' int32 does
+
+
+def test_the_int4_layout_stand_ins_give_the_gemm_the_checkpoints_weight():
+    """intel/llm-scaler's 0.21.0 tree lays AWQ and act-order GPTQ weights out
+    with vllm_xpu_kernels.quantization._quantize_convert before the int4
+    GEMM; the stand-in (quantize_convert_standin.py) must give the reference
+    GEMM (xpu_gemm_reference.dequantize_int4, the layout of
+    kernel-contracts.md 5.6) the checkpoint's weight back, stored NT.
+    Negative controls: a checkpoint packed in natural order (not AWQ's) and
+    a shuffled GPTQ weight read without its row order do not."""
+    import torch
+
+    from xpufakes.proof import loading
+    from xpufakes.proof import quantize_convert_standin as convert
+
+    reference = loading.reference()
+    k, n, group = 64, 32, 16
+    q = _int4_values(k, n, 1)
+    zeros = _int4_values(k // group, n, 2)
+    scales = torch.rand(k // group, n) + 0.5
+    weight = (q - zeros.repeat_interleave(group, 0)) * scales.repeat_interleave(
+        group, 0
+    )
+
+    def awq_weight(order):
+        layer = torch.nn.Module()
+        qweight, qzeros = convert.AWQUtils.repack(
+            _pack_columns(q, order), _pack_columns(zeros, order)
+        )
+        layer.qweight = torch.nn.Parameter(qweight, requires_grad=False)
+        layer.qzeros = torch.nn.Parameter(qzeros, requires_grad=False)
+        layer.scales = torch.nn.Parameter(scales.t().contiguous().t(), False)
+        convert.transpose_onednn_woq_format(layer, "awq", False)
+        assert layer.qweight.shape == (k // 8, n) and layer.qweight.stride(0) == 1
+        assert layer.scales.is_contiguous()
+        return reference.dequantize_int4(
+            layer.qweight, layer.scales, layer.qzeros, group
+        )
+
+    assert torch.equal(awq_weight((0, 2, 4, 6, 1, 3, 5, 7)), weight)
+    assert not torch.equal(awq_weight(range(8)), weight)
+
+    # act order: row i of the weight belongs to group g_idx[i]
+    g_idx = torch.randperm(k, generator=torch.Generator().manual_seed(3)) // group
+    gptq = _pack_columns(q.t().contiguous(), range(8)).t().contiguous()  # [K/8, N]
+    shuffled, order = convert.GPTQUtils(4, group).shuffle(gptq, g_idx)
+    layer = torch.nn.Module()
+    layer.qweight = torch.nn.Parameter(shuffled, requires_grad=False)
+    layer.qzeros = torch.nn.Parameter(torch.zeros(1, dtype=torch.int32), False)
+    layer.scales = torch.nn.Parameter(scales, requires_grad=False)
+    convert.transpose_onednn_woq_format(layer, "gptq", True)
+    assert layer.qzeros.dtype == torch.int8 and layer.qzeros.tolist() == [8]
+    read = reference.dequantize_int4(layer.qweight, layer.scales, layer.qzeros, group)
+    act = torch.randn(3, k)
+    want = act @ ((q - 8) * scales[g_idx])
+    assert torch.allclose(act[:, order.long()] @ read, want, atol=1e-3)
+    assert not torch.allclose(act @ read, want, atol=1e-3)

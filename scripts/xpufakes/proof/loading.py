@@ -21,7 +21,7 @@ from pathlib import Path
 from xpufakes.changes.kernels import REFERENCE
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import standins
+from xpufakes.proof import quantize_convert_standin, standins
 from xpufakes.trees import natives, tree
 
 # vLLM modules that register fakes for XPU ops, newest first.
@@ -125,10 +125,19 @@ def define_xpu_kernels_c(kernels: str) -> list:
 
 def stub_xpu_kernel_package() -> None:
     """vllm_xpu_kernels needs an Intel GPU runtime; vLLM imports two of its
-    functions at module level, which the GEMM fakes never call."""
+    functions at module level, which the GEMM fakes never call, and
+    downstream trees its int4 layout helpers (quantize_convert_standin.py:
+    CPU stand-ins that lay the weights out as the package does)."""
     package = types.ModuleType("vllm_xpu_kernels")
     package.__path__ = []
     sys.modules["vllm_xpu_kernels"] = package
+    quantization = types.ModuleType("vllm_xpu_kernels.quantization")
+    quantization.__path__ = []
+    package.quantization = quantization
+    sys.modules[quantization.__name__] = quantization
+    convert = "vllm_xpu_kernels.quantization._quantize_convert"
+    sys.modules[convert] = quantize_convert_standin
+    quantization._quantize_convert = quantize_convert_standin
     for name, functions in {
         "flash_attn_interface": ["flash_attn_varlen_func"],
         "rotary": ["apply_rotary_emb"],

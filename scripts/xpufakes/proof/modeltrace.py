@@ -97,6 +97,11 @@ def _setup(tree: Path, standins: str) -> list:
     reference = loading.reference()
     kept.append(reference.define_torch_ipex_woq_kernels())
     made.install_ipex(woq_from_weight=reference.ReferenceWOQLinear.from_weight)
+    envs = tree / "vllm" / "envs.py"
+    if envs.is_file() and "VLLM_QUANTIZE_Q40_LIB" in envs.read_text():
+        # intel/llm-scaler's sym_int4 quantizer, a ctypes library
+        library = Path(tempfile.mkdtemp(prefix="xpufakes-q4_0-"))
+        os.environ["VLLM_QUANTIZE_Q40_LIB"] = str(made.q4_0_library(library))
     loading.stub_vllm_extensions(tree)
     if "vllm-xpu-kernels" in standins or _imports_xpu_kernels(tree):
         loading.stub_xpu_kernel_package()

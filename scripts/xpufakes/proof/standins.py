@@ -34,9 +34,12 @@ import ctypes
 import enum
 import importlib.abc
 import importlib.machinery
+import shutil
+import subprocess
 import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -455,6 +458,9 @@ def install_ipex(woq_from_weight: Callable | None = None) -> types.ModuleType:
 
     def module(name: str, **attrs) -> types.ModuleType:
         made = types.ModuleType(name)
+        # as an imported module has: importlib.util.find_spec reads it
+        # (transformers 4 asks whether IPEX is there that way)
+        made.__spec__ = importlib.machinery.ModuleSpec(name, None)
         made.__dict__.update(attrs)
         sys.modules[name] = made
         return made
@@ -844,6 +850,28 @@ class _Downstream(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         pass
+
+
+Q4_0_SOURCE = Path(__file__).with_name("q4_0_standin.c")
+
+
+def q4_0_library(directory: Path) -> Path:
+    """intel/llm-scaler's sym_int4 loads its quantizer, a shared library,
+    with ctypes (VLLM_QUANTIZE_Q40_LIB, the image's
+    /opt/lib/vllm_int4_for_multi_arc.so) and calls it on the CPU while it
+    processes the weights. A ctypes library has to be one: the stand-in
+    (q4_0_standin.c, its contract there) built with the C compiler
+    Inductor uses here too. Returns its path."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc) for the sym_int4 library stand-in")
+    made = directory / "vllm_int4_for_multi_arc.so"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(made), str(Q4_0_SOURCE), "-lm"],
+        check=True,
+        capture_output=True,
+    )
+    return made
 
 
 def install_downstream_packages() -> list[str]:
