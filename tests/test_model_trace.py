@@ -623,3 +623,22 @@ def test_the_int4_layout_stand_ins_give_the_gemm_the_checkpoints_weight():
     want = act @ ((q - 8) * scales[g_idx])
     assert torch.allclose(act[:, order.long()] @ read, want, atol=1e-3)
     assert not torch.allclose(act @ read, want, atol=1e-3)
+
+
+def test_no_linear_kernel_for_xpu_is_the_trees_limit():
+    """vLLM 0.10.2's choose_mp_linear_kernel (compressed-tensors int4) has no
+    kernel for XPU: the cell is the tree's limit with vLLM's reasons; any
+    other ValueError (the negative control) is not."""
+    from xpufakes.proof import modeltrace
+
+    error = ValueError(
+        "Failed to find a kernel that can implement the WNA16 linear layer. "
+        "Reasons: \n MarlinLinearKernel cannot implement due to: Marlin only "
+        "supported on CUDA\n ExllamaLinearKernel cannot implement due to: "
+        "Exllama only supports float16 activations"
+    )
+    said = modeltrace._no_linear_kernel(error)
+    assert said.startswith("the tree has no linear kernel for this layer on XPU")
+    assert "MarlinLinearKernel: Marlin only supported on CUDA; Exllama" in said
+    assert modeltrace._no_linear_kernel(ValueError("weight shape mismatch")) == ""
+    assert modeltrace._no_linear_kernel(RuntimeError(str(error))) == ""

@@ -614,6 +614,27 @@ def _missing_kernel(error: BaseException, kernels: str) -> str:
     return ""
 
 
+_NO_LINEAR_KERNEL = "Failed to find a kernel that can implement the"
+_KERNEL_REASON = re.compile(r"^\s*(\w+Kernel) (?:cannot implement due to: )?(.*)$")
+
+
+def _no_linear_kernel(error: BaseException) -> str:
+    """ "" or the tree's limit: vLLM's choice of a mixed-precision linear
+    kernel (compressed-tensors / GPTQ int4, `choose_mp_linear_kernel`)
+    found none for the platform (0.10.2 has none for XPU: every kernel it
+    knows is for CUDA, ROCm or the CPU), so the tree cannot run the layer
+    on XPU. The reasons, a line per kernel, are vLLM's own."""
+    if not isinstance(error, ValueError) or not str(error).startswith(
+        _NO_LINEAR_KERNEL
+    ):
+        return ""
+    lines = str(error).splitlines()
+    reasons = [m.groups() for m in map(_KERNEL_REASON.match, lines[1:]) if m]
+    said = "; ".join(f"{name}: {why.strip()}" for name, why in reasons)
+    first = lines[0].strip()
+    return f"the tree has no linear kernel for this layer on XPU ({first} {said})"
+
+
 # what an MLA layer gives its attention backend and only an MLA backend takes
 MLA_ARGUMENTS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "kv_b_proj")
 
@@ -707,7 +728,11 @@ def trace_one(
                 raise RuntimeError(unquantized)
             inputs = _inputs(model, built)
         except Exception as e:  # noqa: BLE001 - the result
-            limit = _missing_kernel(e, kernels) or _no_mla_backend(e, vllm_config)
+            limit = (
+                _missing_kernel(e, kernels)
+                or _no_mla_backend(e, vllm_config)
+                or _no_linear_kernel(e)
+            )
             if limit:
                 return result | tree_limit(TreeLimit(limit), start)
             return result | not_built(e, tree, start)
