@@ -43,7 +43,7 @@ LAYERS = {
     # the proof and the audit
     "proof": [
         "reach standins proofpython models plugin",
-        "quantize_convert_standin",
+        "quantize_convert_standin transformers_pin",
         "scan loading modelproof",
         "modeltrace",
         "audit verify",

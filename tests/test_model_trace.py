@@ -404,7 +404,21 @@ def test_models_by_commas_a_table_with_a_model_not_built(tmp_path):
     # the static audit's result, in full
     assert "\nOK: every traced tensor-returning op has a conformant fake" in out, out
     # the table: model x configuration
-    head = out.index("Models traced whole (model x configuration):\n")
+    # built with .venv-tree's transformers, and the table says which
+    version = subprocess.run(
+        [
+            str(TREE_PYTHON),
+            "-c",
+            "import transformers; print(transformers.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    head = out.index(
+        "Models traced whole (model x configuration; built with "
+        f"transformers {version}):\n"
+    )
     rows = [line.split(" | ") for line in out[head:].splitlines()[1:5]]
     assert [[c.strip() for c in row] for row in rows[:1]] == [
         ["model", "default", "sp"]
@@ -642,3 +656,39 @@ def test_no_linear_kernel_for_xpu_is_the_trees_limit():
     assert "MarlinLinearKernel: Marlin only supported on CUDA; Exllama" in said
     assert modeltrace._no_linear_kernel(ValueError("weight shape mismatch")) == ""
     assert modeltrace._no_linear_kernel(RuntimeError(str(error))) == ""
+
+
+def test_transformers_release_refused_in_one_line():
+    from xpufakes.proof import transformers_pin
+
+    with pytest.raises(Refusal, match="TRANSFORMERS='4.57; rm' is not a release"):
+        transformers_pin.overlay("4.57; rm", sys.executable)
+
+
+def test_transformers_release_installed_beside_the_venv():
+    """TRANSFORMERS=4.57.0 (the 0.10.2-based images' pin): the overlay holds
+    that transformers with the huggingface-hub and tokenizers it requires,
+    importable in .venv-tree ahead of the venv's own (transformers 5 there:
+    the negative control), and the venv is left as it was."""
+    from xpufakes.proof import transformers_pin
+
+    def versions(pythonpath: str) -> list[str]:
+        code = (
+            "import huggingface_hub, tokenizers, transformers;"
+            "print(transformers.__version__, huggingface_hub.__version__,"
+            " tokenizers.__version__)"
+        )
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+        done = subprocess.run(
+            [str(TREE_PYTHON), "-c", code], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    own = versions("")
+    overlay = transformers_pin.overlay("4.57.0", str(TREE_PYTHON))
+    pinned = versions(str(overlay))
+    assert pinned[0] == "4.57.0" and own[0] != "4.57.0", (own, pinned)
+    # huggingface-hub 1.x is transformers 5's; 4.57 requires < 1.0
+    assert pinned[1].startswith("0."), pinned
+    assert versions("") == own

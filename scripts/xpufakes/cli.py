@@ -122,6 +122,7 @@ def cmd_audit(args) -> int:
         args.model,
         args.configurations,
         args.plugin,
+        args.transformers,
     )
     if isinstance(result, str):  # not affected
         print(
@@ -245,6 +246,16 @@ def _parser() -> argparse.ArgumentParser:
         "--configurations",
         {"default": "default,sp", "help": "of --model: default, sp"},
     )
+    transformers = (
+        "--transformers",
+        {
+            "metavar": "VERSION",
+            "default": "",
+            "help": "of --model: build the models with this transformers "
+            "release (the one the tree's image pins, e.g. 4.57.0), installed "
+            "once into the tool's cache",
+        },
+    )
     verb(
         "audit",
         cmd_audit,
@@ -256,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
         chains,
         model,
         configurations,
+        transformers,
         plugin,
     )
     rest = ("pytest_args", {"nargs": argparse.REMAINDER})

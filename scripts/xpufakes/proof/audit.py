@@ -198,10 +198,12 @@ def run(
     model: str = "",
     configurations: str = "default,sp",
     plugin: str = "",
+    transformers: str = "",
 ) -> "Result | str":
     """`make audit`: the audit of a tree (with `model`, that model traced
     whole too, or several: "a,b" or "all", after one audit and in one
-    process: modelproof.py), or what makes it not affected (a release in
+    process: modelproof.py; built with the `transformers` release, if
+    given), or what makes it not affected (a release in
     which nothing on XPU is traced). Refused if the fakes are to be loaded
     (`dynamic`) or a model traced and this Python has no torch."""
     unaffected = base.not_affected(found)
@@ -225,6 +227,7 @@ def run(
             result.kernels,
             configurations,
             plugin=installed.directory if installed else None,
+            transformers=transformers,
         )
     return result
 

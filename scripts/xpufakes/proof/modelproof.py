@@ -4,6 +4,7 @@ module at a tiny size and traced as vLLM compiles it, on the XPU platform's
 paths) in a fresh Python, and its report."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from xpufakes.common import isolated, paths
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import models
+from xpufakes.proof import models, transformers_pin
 
 # `make audit MODEL=all`: every model of data/models.toml
 ALL = "all"
@@ -62,6 +63,7 @@ def run_all(
     configurations: str,
     python: str = "",
     plugin: Path | None = None,
+    transformers: str = "",
 ) -> list[dict]:
     """modeltrace's result for each of the models (its JSON), traced in one
     process with `python` (this one if not given) that sets up once. A
@@ -72,6 +74,10 @@ def run_all(
     built."""
     models.configurations(configurations)
     python = python or sys.executable
+    env = isolated.env()  # nothing written to the tree
+    if transformers:
+        pinned = transformers_pin.overlay(transformers, python)
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{pinned}"
     with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
         out = Path(work) / "model.json"
         done = subprocess.run(
@@ -80,7 +86,7 @@ def run_all(
             + (["--plugin", str(plugin)] if plugin else []),
             capture_output=True,
             text=True,
-            env=isolated.env(),  # nothing written to the tree
+            env=env,
         )
         if out.is_file():
             found = json.loads(out.read_text())["models"]
@@ -214,7 +220,9 @@ def matrix(found: list[dict]) -> str:
         by = {c["configuration"]: cell(c, short=True) for c in m["configurations"]}
         rows.append([m["model"], *(by.get(c, "-") for c in configurations)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["Models traced whole (model x configuration):"]
+    built_with = sorted({m["transformers"] for m in found if m.get("transformers")})
+    with_ = f"; built with transformers {', '.join(built_with)}" if built_with else ""
+    lines = [f"Models traced whole (model x configuration{with_}):"]
     for row in rows:
         cells = (v.ljust(w) for v, w in zip(row, widths, strict=True))
         lines.append("  " + " | ".join(cells).rstrip())

@@ -785,6 +785,16 @@ def trace_one(
     return result
 
 
+def _transformers_version() -> str:
+    """The transformers release the models were built with (the venv's, or
+    the one `make audit TRANSFORMERS=` put first on the path)."""
+    try:
+        import transformers
+    except Exception:  # noqa: BLE001 - the result says it
+        return "none"
+    return transformers.__version__
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m xpufakes.proof.modeltrace")
     parser.add_argument("tree")
@@ -839,7 +849,11 @@ def main(argv: list[str]) -> int:
         for m in chosen_models:
             found[m.name]["configurations"] = each(m, Path(work))
     del kept
-    shared = {"standins": args.standins, "setup_seconds": round(imported, 1)}
+    shared = {
+        "standins": args.standins,
+        "setup_seconds": round(imported, 1),
+        "transformers": _transformers_version(),
+    }
     Path(args.out).write_text(
         json.dumps(
             {
