@@ -165,6 +165,12 @@ def test_the_trees_limit_is_its_own_cell_and_no_failure():
     )
     table = modelproof.matrix([model])
     assert "1 of 2 traced whole; 1 the tree's limit" in table
+    # in the table, a limit's parenthesised details are left to the lines
+    # above it (vLLM's reasons, a kernel each, made cells of 700 characters)
+    detailed = dict(limit, error="no linear kernel on XPU (Failed to find: A; B)")
+    assert modelproof.cell(detailed) == f"the tree's limit: {detailed['error']}"
+    row = modelproof.matrix([dict(model, configurations=[traced, detailed])])
+    assert "| the tree's limit: no linear kernel on XPU\n" in row, row
     # the control: the same cell not built is a failure
     broken = dict(limit, result="not built")
     assert modelproof.failing({"model": "m", "configurations": [traced, broken]})

@@ -184,7 +184,9 @@ def summary(found: dict) -> str:
 def cell(c: dict, short: bool = False) -> str:
     """A configuration's result in a few words: traced whole (graphs,
     graph breaks), fails (the error, where), not built (the error's first
-    line); `short`: where as the file's name and line."""
+    line); `short`: where as the file's name and line, and a limit's reason
+    without its parenthesised details (vLLM's reasons, a kernel each, are
+    in the model's lines)."""
 
     def at(frames: list[str]) -> str:
         where = (frames or ["?"])[-1]
@@ -201,10 +203,13 @@ def cell(c: dict, short: bool = False) -> str:
     if c["result"] == "not built":
         where = f" ({at(c['where'])})" if c.get("where") else ""
         return f"not built: {c['error']}{where}"
+    reason = c.get("error", "")
+    if short:
+        reason = reason.split(" (", 1)[0]
     if c["result"] == TREE_LIMIT:
-        return f"the tree's limit: {c['error']}"
+        return f"the tree's limit: {reason}"
     if c["result"] == NOT_FOR_THIS_TREE:
-        return f"not for this tree: {c['error']}"
+        return f"not for this tree: {reason}"
     return "fails, the forward was not compiled"
 
 
