@@ -29,8 +29,11 @@ What is stood in (standins.py, loading.py): what only an XPU host has. IPEX
 MoE and attention modules are made, never run); the torch_ipex GEMMs with
 CPU reference kernels and no fake (IPEX's XPU build has none: the tree's
 fakes are what is tested); IPEX's weight-quantization op with a CPU kernel
-(it runs while loading, not traced); a build's native modules (vllm._C, as
-pybind11 builtins Dynamo refuses as it refuses the real ones); torchvision
+(it runs while loading, not traced); what processes int4 weights while
+loading (intel/llm-scaler's sym_int4 quantizer library, vllm-xpu-kernels'
+int4 layout helpers: named in the report's stand-ins); a build's native
+modules (vllm._C, as pybind11 builtins Dynamo refuses as it refuses the real
+ones); torchvision
 where it cannot be imported (a multimodal model's module imports an image
 processor at module level; the vision path is not run); the device: tensors
 are on the CPU (DeviceConfig "cpu") while vLLM's current platform is its
@@ -79,6 +82,10 @@ class Traced(Exception):
     """Our backend's stop: the graph is captured and functionalized."""
 
 
+# the stand-ins _setup made beside the kernels' (the report names them)
+HELPERS: list[str] = []
+
+
 def _setup(tree: Path, standins: str) -> list:
     """The stand-ins, then vLLM's XPU platform as its current platform.
     Returns what must stay referenced (the ops' libraries)."""
@@ -102,9 +109,14 @@ def _setup(tree: Path, standins: str) -> list:
         # intel/llm-scaler's sym_int4 quantizer, a ctypes library
         library = Path(tempfile.mkdtemp(prefix="xpufakes-q4_0-"))
         os.environ["VLLM_QUANTIZE_Q40_LIB"] = str(made.q4_0_library(library))
+        HELPERS.append("sym_int4's quantizer library (q4_0_standin.c)")
     loading.stub_vllm_extensions(tree)
     if "vllm-xpu-kernels" in standins or _imports_xpu_kernels(tree):
         loading.stub_xpu_kernel_package()
+        HELPERS.append(
+            "vllm_xpu_kernels.quantization._quantize_convert "
+            "(quantize_convert_standin.py)"
+        )
         kept.append(made.define_loading_ops("_C"))  # its _C registers them
         # found by importlib.util.find_spec, as vLLM looks for it
         # (0.21.0's kernels/xpu_ops.py)
@@ -850,7 +862,7 @@ def main(argv: list[str]) -> int:
             found[m.name]["configurations"] = each(m, Path(work))
     del kept
     shared = {
-        "standins": args.standins,
+        "standins": "; ".join([args.standins, *HELPERS]),
         "setup_seconds": round(imported, 1),
         "transformers": _transformers_version(),
     }
