@@ -31,6 +31,7 @@ tree (registrations are process-global), both configurations in it.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -223,8 +224,14 @@ def test_full_fix_traces_the_whole_model_with_no_graph_break(tmp_path):
     assert applied.returncode == 0, applied.stdout + applied.stderr
     status, report = audited(root)
     assert status == 0 and report["ok"] is True, report["untraceable"]
+    # traced with the start-up's dummy batch: the tree's scheduler default
+    # of max_num_batched_tokens (7 tokens before 2026-12-05 took a decode
+    # branch the start-up never takes)
+    scheduler = (root / "vllm/config/scheduler.py").read_text()
+    warm_up = re.search(r"DEFAULT_MAX_NUM_BATCHED_TOKENS: \S+ = (\d+)", scheduler)
     for result in report["model"]["configurations"]:
         configuration = result["configuration"]
+        assert result["tokens"] == int(warm_up.group(1)), result.get("tokens")
         on_the_xpu_paths(result)
         assert result["result"] == "traced", result
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
@@ -656,6 +663,35 @@ def test_no_linear_kernel_for_xpu_is_the_trees_limit():
     assert "MarlinLinearKernel: Marlin only supported on CUDA; Exllama" in said
     assert modeltrace._no_linear_kernel(ValueError("weight shape mismatch")) == ""
     assert modeltrace._no_linear_kernel(RuntimeError(str(error))) == ""
+
+
+def test_a_layer_its_method_never_made_is_the_trees_limit():
+    """llm-scaler's 0.14.0 tree (0a85564): its XPUFp8LinearMethod makes no
+    weight for an fp8 checkpoint, and its apply reads layer.weight: the
+    layer cannot run on XPU at all, so the cell is the tree's limit. Negative
+    controls: the same error raised outside the tree's quantization module,
+    or for an attribute some layer of the class has, stays a failure."""
+    import torch
+
+    from xpufakes.proof import modeltrace
+
+    class QKVParallelLinear(torch.nn.Module):
+        pass
+
+    class XPUFp8LinearMethod:
+        pass
+
+    model = torch.nn.Sequential(QKVParallelLinear())
+    model[0].quant_method = XPUFp8LinearMethod()
+    error = AttributeError("'QKVParallelLinear' object has no attribute 'weight'")
+    apply = "vllm/model_executor/layers/quantization/ipex_quant.py:589 apply"
+    said = modeltrace._never_made(error, ["llama.py:248 forward", apply], model)
+    assert said.startswith(
+        "the tree's XPUFp8LinearMethod never makes QKVParallelLinear.weight"
+    ), said
+    assert modeltrace._never_made(error, ["llama.py:248 forward"], model) == ""
+    model[0].weight = torch.nn.Parameter(torch.zeros(1))
+    assert modeltrace._never_made(error, [apply], model) == ""
 
 
 def test_transformers_release_refused_in_one_line():

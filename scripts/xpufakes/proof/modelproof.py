@@ -264,7 +264,8 @@ def table(found: dict) -> str:
             lines.append(f"  {c['configuration']}: {cell(c)}")
             continue
         custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
-        said = f"  {c['configuration']} (custom ops: {custom_ops}): "
+        tokens = f"; {c['tokens']} tokens" if c.get("tokens") else ""
+        said = f"  {c['configuration']} (custom ops: {custom_ops}{tokens}): "
         if c["result"] == "traced":
             lines.append(
                 said + f"ok: traced whole, {c['graphs']} graph(s), "

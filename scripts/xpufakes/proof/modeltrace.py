@@ -22,7 +22,8 @@ captured, runs AOT autograd's functionalization on it with fake tensors
 (every op's fake runs, mutations become explicit) and stops; nothing is
 compiled or run. Dynamo's trace is the same whatever the backend. The engine,
 the scheduler and the workers do not run; the forward is called once, as the
-warm-up calls it, with no attention metadata (a profile run's).
+warm-up calls it, with no attention metadata and max_num_batched_tokens
+tokens (a profile run's).
 
 What is stood in (standins.py, loading.py): what only an XPU host has. IPEX
 (its Python APIs call torch_ipex ops registered for the XPU key only; its
@@ -500,7 +501,23 @@ def _described(built) -> dict:
     return {"forwards": forwards, "methods": methods}
 
 
-def _inputs(model: model_data.Model, built, tokens: int = 7):
+def _warm_up_tokens(vllm_config) -> int:
+    """The tokens of the forward vLLM compiles at start-up: the profile
+    run's dummy batch, max_num_batched_tokens (the scheduler config's
+    value; its own default where the config leaves it unset). A branch on
+    the batch size (a decode fast path for a few tokens) is traced as the
+    start-up traces it."""
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    tokens = getattr(scheduler, "max_num_batched_tokens", None)
+    return int(tokens) if tokens else WARM_UP_TOKENS
+
+
+# SchedulerConfig's default max_num_batched_tokens (vLLM's
+# DEFAULT_MAX_NUM_BATCHED_TOKENS), for a config that has none
+WARM_UP_TOKENS = 2048
+
+
+def _inputs(model: model_data.Model, built, tokens: int):
     import torch
 
     ids = torch.arange(tokens) % 100
@@ -530,6 +547,16 @@ def _mode_name(mode) -> str:
 _SUMMARY = re.compile(r"\d+ validation errors? for \w+")
 
 
+def _tree_frames(error: BaseException, tree: Path) -> list[str]:
+    """The tree's frames of an error's traceback, innermost last."""
+    frames = []
+    for frame in traceback.extract_tb(error.__traceback__):
+        path = Path(frame.filename)
+        if path.is_relative_to(tree):
+            frames.append(f"{path.relative_to(tree)}:{frame.lineno} {frame.name}")
+    return frames
+
+
 def not_built(error: BaseException, tree: Path, start: float | None = None) -> dict:
     """The result of a model that could not be built: the first line of the
     error (and the reason under it where that line is pydantic's summary),
@@ -541,11 +568,7 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
         below = [line.strip() for line in lines[1:3] if line.strip()]
         below = [line for line in below if not line.startswith("For further")]
         first = f"{first}: " + " ".join(b.split(" [type=")[0] for b in below)
-    frames = []
-    for frame in traceback.extract_tb(error.__traceback__):
-        path = Path(frame.filename)
-        if path.is_relative_to(tree):
-            frames.append(f"{path.relative_to(tree)}:{frame.lineno} {frame.name}")
+    frames = _tree_frames(error, tree)
     said = {
         "result": "not built",
         "error": f"{type(error).__name__}: {first}",
@@ -647,6 +670,34 @@ def _no_linear_kernel(error: BaseException) -> str:
     return f"the tree has no linear kernel for this layer on XPU ({first} {said})"
 
 
+# an AttributeError's text, raised in the tree or seen by Dynamo
+_NO_ATTRIBUTE = re.compile(r"'(\w+)' object has no attribute '(\w+)'")
+
+
+def _never_made(error: BaseException, frames: list[str], built) -> str:
+    """ "" or the tree's limit: the tree's own quantization method reads a
+    layer's attribute (its weight or scale) that the method never made for
+    this checkpoint, so the layer cannot run on XPU, compiled or eager (the
+    0.14.0 llm-scaler tree's XPUFp8LinearMethod makes no weight for an fp8
+    checkpoint; 0.10.2's reads weight_scale, which a block-quantized fp8
+    layer does not have). Only where the error was raised in the tree's
+    quantization/ module (its innermost frame) and no layer of that class
+    in the built model has the attribute."""
+    found = _NO_ATTRIBUTE.search(str(error))
+    raised_there = frames and "/layers/quantization/" in frames[-1]
+    if not found or not raised_there or built is None:
+        return ""
+    kind, name = found.groups()
+    layers = [m for m in built.modules() if type(m).__name__ == kind]
+    if not layers or any(hasattr(m, name) for m in layers):
+        return ""
+    method = type(getattr(layers[0], "quant_method", None)).__name__
+    return (
+        f"the tree's {method} never makes {kind}.{name}, which it reads "
+        f"({frames[-1]}: the layer cannot run on XPU, compiled or not)"
+    )
+
+
 # what an MLA layer gives its attention backend and only an MLA backend takes
 MLA_ARGUMENTS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "kv_b_proj")
 
@@ -691,7 +742,7 @@ def trace_one(
     kernels: str = "",
 ) -> dict:
     """Build the model under one configuration and trace it. Returns
-    {configuration, mode, custom_ops, forwards, methods, result ("traced",
+    {configuration, mode, custom_ops, forwards, methods, tokens, result ("traced",
     "failed", "not compiled", "writes lost", "not built", "tree limit"), graphs,
     graph_breaks, ops, nodes | error, where, seconds}."""
     import torch
@@ -730,6 +781,7 @@ def trace_one(
     }
     backend = _backend(captured)
     CompilationConfig.init_backend = lambda self, *args, **kwargs: backend
+    built = None
     with set_current_vllm_config(vllm_config):
         try:
             _distributed(vllm_config, work)
@@ -738,12 +790,14 @@ def trace_one(
             unquantized = _unquantized(model, result["methods"])
             if unquantized:
                 raise RuntimeError(unquantized)
-            inputs = _inputs(model, built)
+            result["tokens"] = _warm_up_tokens(vllm_config)
+            inputs = _inputs(model, built, result["tokens"])
         except Exception as e:  # noqa: BLE001 - the result
             limit = (
                 _missing_kernel(e, kernels)
                 or _no_mla_backend(e, vllm_config)
                 or _no_linear_kernel(e)
+                or _never_made(e, _tree_frames(e, tree), built)
             )
             if limit:
                 return result | tree_limit(TreeLimit(limit), start)
@@ -758,6 +812,11 @@ def trace_one(
                 result |= {"result": "traced", "nodes": inner.args[0]}
             elif _missing_kernel(inner or e, kernels):
                 reason = TreeLimit(_missing_kernel(inner or e, kernels))
+                return result | tree_limit(reason, start)
+            elif _never_made(inner or e, _where(inner or e, tree), built):
+                reason = TreeLimit(
+                    _never_made(inner or e, _where(inner or e, tree), built)
+                )
                 return result | tree_limit(reason, start)
             else:
                 error = inner or e
