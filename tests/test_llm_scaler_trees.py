@@ -243,7 +243,12 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
         record_property(stage, dict(sorted(counts.items())))
     for cell, result in after.items():
         if result["result"] in LIMITS:
-            assert before[cell]["result"] == result["result"], (cell, before[cell])
+            # the same before; or, in the IPEX era, failed before the trace
+            # got there (0a85564's fp8 checkpoint under sp stops at the
+            # RMSNorm call the fix reroutes, ahead of the layer its fp8
+            # method never made)
+            allowed = {result["result"], "failed"} if ipex else {result["result"]}
+            assert before[cell]["result"] in allowed, (cell, before[cell])
             continue
         assert result["result"] == "traced", (cell, result)
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), (cell, result)
