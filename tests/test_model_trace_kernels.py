@@ -10,7 +10,9 @@ On 0.16.0 (vllm-xpu-kernels 0.1.2), unpatched:
                 XPUwNa16LinearKernel (`_xpu_C::int4_gemm_w4a16`), traced whole
   qwen3_moe     online fp8 (`_xpu_C::fp8_gemm_w8a16`), traced whole
   qwen3_awq     the tree's limit: 0.16.0 runs AWQ on XPU with
-                AWQLinearMethod, whose `_C::awq_gemm` the kernels lack
+                AWQLinearMethod, which at the start-up's batch (256 tokens
+                or more) calls `_C::awq_dequantize`, and below it
+                `_C::awq_gemm`: the kernels lack both
   sp            the tree's limit: 0.16.0's VllmConfig turns sequence
                 parallelism off at TP=1
 
@@ -57,7 +59,9 @@ def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
     assert moe["default"]["result"] == "traced", moe["default"]
     assert "_xpu_C::fp8_gemm_w8a16" in moe["default"]["ops"]
     assert awq["default"]["result"] == modelproof.TREE_LIMIT, awq["default"]
-    assert "torch.ops._C.awq_gemm" in awq["default"]["error"]
+    # the start-up's 2048 tokens take AWQ's dequantize-and-matmul branch
+    # (x.shape[:-1].numel() >= 256 in awq.py); 7 tokens took awq_gemm
+    assert "torch.ops._C.awq_dequantize" in awq["default"]["error"]
     assert "vllm-xpu-kernels 0.1.2 does not define" in awq["default"]["error"]
     for model in found.values():
         sp_is_the_trees_limit(model["sp"])
