@@ -60,6 +60,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -85,6 +86,8 @@ class Traced(Exception):
 
 # the stand-ins _setup made beside the kernels' (the report names them)
 HELPERS: list[str] = []
+# the directories _setup made (os._exit at the end skips atexit)
+TEMPORARY: list[Path] = []
 
 
 def _setup(tree: Path, standins: str) -> list:
@@ -109,6 +112,7 @@ def _setup(tree: Path, standins: str) -> list:
     if envs.is_file() and "VLLM_QUANTIZE_Q40_LIB" in envs.read_text():
         # intel/llm-scaler's sym_int4 quantizer, a ctypes library
         library = Path(tempfile.mkdtemp(prefix="xpufakes-q4_0-"))
+        TEMPORARY.append(library)  # removed when the process ends
         os.environ["VLLM_QUANTIZE_Q40_LIB"] = str(made.q4_0_library(library))
         HELPERS.append("sym_int4's quantizer library (q4_0_standin.c)")
     loading.stub_vllm_extensions(tree)
@@ -501,6 +505,11 @@ def _described(built) -> dict:
     return {"forwards": forwards, "methods": methods}
 
 
+# SchedulerConfig's default max_num_batched_tokens (vLLM's
+# DEFAULT_MAX_NUM_BATCHED_TOKENS), for a config that has none
+WARM_UP_TOKENS = 2048
+
+
 def _warm_up_tokens(vllm_config) -> int:
     """The tokens of the forward vLLM compiles at start-up: the profile
     run's dummy batch, max_num_batched_tokens (the scheduler config's
@@ -510,11 +519,6 @@ def _warm_up_tokens(vllm_config) -> int:
     scheduler = getattr(vllm_config, "scheduler_config", None)
     tokens = getattr(scheduler, "max_num_batched_tokens", None)
     return int(tokens) if tokens else WARM_UP_TOKENS
-
-
-# SchedulerConfig's default max_num_batched_tokens (vLLM's
-# DEFAULT_MAX_NUM_BATCHED_TOKENS), for a config that has none
-WARM_UP_TOKENS = 2048
 
 
 def _inputs(model: model_data.Model, built, tokens: int):
@@ -808,18 +812,15 @@ def trace_one(
             result["result"] = "not compiled"
         except Exception as e:  # noqa: BLE001 - the result
             inner = getattr(e, "inner_exception", None)
+            error = inner or e
             if isinstance(inner, Traced):
                 result |= {"result": "traced", "nodes": inner.args[0]}
-            elif _missing_kernel(inner or e, kernels):
-                reason = TreeLimit(_missing_kernel(inner or e, kernels))
-                return result | tree_limit(reason, start)
-            elif _never_made(inner or e, _where(inner or e, tree), built):
-                reason = TreeLimit(
-                    _never_made(inner or e, _where(inner or e, tree), built)
-                )
-                return result | tree_limit(reason, start)
+            elif limit := (
+                _missing_kernel(error, kernels)
+                or _never_made(error, _where(error, tree), built)
+            ):
+                return result | tree_limit(TreeLimit(limit), start)
             else:
-                error = inner or e
                 text = str(error).split("\nfrom user code:")[0].strip()
                 lines = text.splitlines() or [""]
                 result |= {
@@ -941,6 +942,8 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     status = main(sys.argv[1:])
+    for made in TEMPORARY:
+        shutil.rmtree(made, ignore_errors=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
