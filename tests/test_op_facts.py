@@ -39,6 +39,7 @@ E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
 INPLACE_TEST = opfacts.INPLACE_TEST
 CONTRIBUTORS = "docs/contributors.md"
 HEADERS = "scripts/xpufakes/data/dep3_headers.toml"
+PLUGIN = opfacts.PLUGIN
 # Ours, but not a GEMM of a kernel package: vLLM's op around IPEX's WOQ
 # module (vllm_overlay/vllm/_ipex_woq_linear.py), with its own test.
 WOQ_OP = ops.IPEX_WOQ_OP
@@ -82,6 +83,7 @@ def _sources() -> dict[str, str]:
             INPLACE_TEST,
             HEADERS,
             CONTRIBUTORS,
+            PLUGIN,
         )
     }
 
@@ -271,7 +273,7 @@ def test_the_in_place_tests_regions_agree_with_the_table():
     assert inplace_disagrees(_sources()[INPLACE_TEST]) == []
 
 
-@pytest.mark.parametrize("path", [REFERENCE, E2E_STANDINS, CONTRIBUTORS])
+@pytest.mark.parametrize("path", [REFERENCE, E2E_STANDINS, CONTRIBUTORS, PLUGIN])
 def test_every_generated_place_holds_what_make_ops_writes(path):
     assert generated_disagrees(path, _sources()[path]) == []
 
@@ -401,6 +403,12 @@ def test_the_tools_lists_agree_with_the_table():
             f"{CONTRIBUTORS}: ops:inplace_cases is not what",
         ),
         (
+            PLUGIN,
+            '"intel_extension_for_pytorch.llm.functional.bgmv_shrink": "",',
+            '"intel_extension_for_pytorch.llm.functional.bgmv_shrink": "output_tensor",',
+            f"{PLUGIN}: CALLEE_RETURNS is not what `make ops` writes",
+        ),
+        (
             HEADERS,
             "fp8_gemm_w8a16, fp4_gemm, int4_gemm_w4a16 and",
             "fp8_gemm_w8a16, fp4_gemm and",
@@ -421,6 +429,7 @@ def test_the_tools_lists_agree_with_the_table():
         "inplace-region",
         "inplace-cases",
         "doc-figure",
+        "plugin-callee-returns",
         "patch-header",
     ],
 )

@@ -1,5 +1,6 @@
-"""The copies of the op facts (data/fakes.toml, data/op_schemas.toml) in
-files that must stay self-contained, written from the two data files:
+"""The copies of the op facts (data/fakes.toml, data/op_schemas.toml,
+data/opaque_calls.toml) in files that must stay self-contained, written
+from the data files:
 `make ops`, and `make refresh` before it makes the series.
 
 * Python files (the in-tree test's reference kernels, which go into vLLM
@@ -26,6 +27,7 @@ from xpufakes.trees import pinfacts, pins
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
 INPLACE_TEST = "vllm_overlay/in-place/tests/kernels/quantization/test_xpu_gemm_fakes.py"
+PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
 DOCUMENTS = ("docs/contributors.md",)
 MARKED = pinfacts.marked("ops")
 # changed lines of the in-place cut in all, tests included, that
@@ -70,7 +72,13 @@ def python_values() -> dict[str, dict[str, object]]:
         for op in by_era[pins.KERNELS]
         if pins.version_tuple(op["since"]) > (0, 1, 0)
     )
+    opaque = tomllib.loads((paths.DATA / "opaque_calls.toml").read_text())
     return {
+        PLUGIN: {
+            "CALLEE_RETURNS": {
+                callee: entry["callee_returns"] for callee, entry in opaque.items()
+            },
+        },
         REFERENCE: {
             "XPU_C_SCHEMAS": {
                 _unqualified(op["name"]): _unqualified(known[op["name"]])
