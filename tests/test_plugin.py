@@ -1,4 +1,5 @@
-"""The fix as a vLLM plugin (plugin/, `make plugin`): its wheel, one source
+"""The fix as a vLLM plugin (plugin/, `make plugin`): its wheel (its
+LICENSE and description, the sdist that builds the same wheel), one source
 with the series' overlay, pip install and uninstall, and register() in a
 process that has loaded a release's own files against the stand-in kernels.
 
@@ -12,13 +13,17 @@ plugin: tests/test_model_trace.py; vLLM's engine with it: make e2e.
 
 import base64
 import contextlib
+import email.parser
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tomllib
 import types
 import zipfile
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from packaging.metadata import Metadata
 
 from support import grid, releases, standins, tool
 from support import plugin as plugin_support
@@ -79,8 +85,14 @@ def test_make_plugin_writes_a_reproducible_pure_python_wheel(tmp_path):
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
             hashed = digest.rstrip(b"=").decode()
             assert listed[name] == f"{name},sha256={hashed},{len(data)}"
+    # the package's modules and the .dist-info's files, nothing else
+    assert {
+        n.removeprefix(f"{info}/") for n in members if n.startswith(f"{info}/")
+    } == {"METADATA", "WHEEL", "entry_points.txt", "RECORD", "licenses/LICENSE"}
     assert all(
-        n.endswith((".py", ".txt", "RECORD", "METADATA", "WHEEL")) for n in members
+        n.startswith(f"{PACKAGE}/") and n.endswith(".py")
+        for n in members
+        if not n.startswith(f"{info}/")
     )
 
 
@@ -126,23 +138,256 @@ def test_the_plugin_ships_the_series_overlay_modules(tmp_path):
     assert overlay_differences(edited, OVERLAY) == ["_xpu_gemm_fakes.py: differs"]
 
 
-def _site_files(venv: Path) -> set[str]:
+def _info(members: dict[str, bytes]) -> str:
+    """The wheel's .dist-info directory."""
+    return next(n.split("/")[0] for n in members if n.endswith(".dist-info/WHEEL"))
+
+
+# The Apache License 2.0 as the ASF distributes it (LICENSE-2.0.txt, the
+# same bytes as Debian's /usr/share/common-licenses/Apache-2.0): its size
+# and SHA-256.
+APACHE_2_0 = (11358, "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30")
+PAGE = paths.REPO / "docs" / "plugin.md"
+
+
+def license_problems(text: bytes) -> list[str]:
+    digest = hashlib.sha256(text).hexdigest()
+    if (len(text), digest) == APACHE_2_0:
+        return []
+    return [f"LICENSE: {len(text)} bytes, sha256 {digest[:12]}..., not the ASF's text"]
+
+
+def metadata_problems(members: dict[str, bytes]) -> list[str]:
+    """What is wrong with the wheel's METADATA and its license files: the
+    reference parser's validation (packaging.metadata: each field allowed
+    in the declared core metadata version, the SPDX expression, the
+    License-File paths), then what it does not check: License beside
+    License-Expression (core metadata 2.4: mutually exclusive), each
+    License-File in .dist-info/licenses/, the license's text, a markdown
+    description."""
+    info = _info(members)
+    text = members[f"{info}/METADATA"].decode()
+    try:
+        meta = Metadata.from_email(text, validate=True)
+    except ExceptionGroup as invalid:
+        return [str(e) for e in invalid.exceptions]
+    problems = []
+    headers = email.parser.HeaderParser().parsestr(text)
+    if "License" in headers and "License-Expression" in headers:
+        problems.append("License beside License-Expression")
+    if meta.license_expression != "Apache-2.0":
+        problems.append(f"License-Expression {meta.license_expression!r}")
+    if not meta.license_files:
+        problems.append("no License-File")
+    for name in meta.license_files or ():
+        shipped = members.get(f"{info}/licenses/{name}")
+        if shipped is None:
+            problems.append(f"License-File {name}: not in {info}/licenses/")
+        else:
+            problems += license_problems(shipped)
+    if meta.description_content_type != "text/markdown" or not meta.description:
+        problems.append("no markdown description")
+    return problems
+
+
+_RELATIVE_LINK = re.compile(r"\]\((?![A-Za-z][A-Za-z0-9+.-]*:)([^)]*)\)")
+
+
+def description_problems(description: str, page: str) -> list[str]:
+    """The description is the plugin's page for a package index: its title
+    first, every line of the page that has no link, in order, and no link
+    to a relative path (which nothing on an index resolves)."""
+    problems = [
+        f"a relative link on an index: ({target})"
+        for target in _RELATIVE_LINK.findall(description)
+    ]
+    if description.splitlines()[:1] != page.splitlines()[:1]:
+        problems.append("does not start with the page's title")
+    lines = iter(description.splitlines())
+    for line in page.splitlines():
+        if "](" not in line and not any(line == kept for kept in lines):
+            problems.append(f"the page's line {line!r} is not in it (in order)")
+            break
+    return problems
+
+
+def pyproject_problems(project: dict, meta: Metadata) -> list[str]:
+    """PEP 621: a field in METADATA is pyproject.toml's [project] value, or
+    listed in its `dynamic` (a backend may fill in nothing else)."""
+    dynamic = project.get("dynamic", [])
+    problems = []
+    for key, value in {
+        "name": meta.name,
+        "version": str(meta.version),
+        "description": meta.summary,
+        "requires-python": str(meta.requires_python),
+        "license": meta.license_expression,
+        "readme": meta.description,
+    }.items():
+        if key in project and key in dynamic:
+            problems.append(f"{key}: both static and dynamic")
+        elif key in project and key != "readme" and project[key] != value:
+            problems.append(f"{key}: {project[key]!r} in pyproject.toml, {value!r}")
+        elif key not in project and key not in dynamic and value:
+            problems.append(f"{key}: in METADATA, neither static nor dynamic")
+    return problems
+
+
+def test_the_wheel_carries_the_license_and_the_plugins_page(tmp_path):
+    """The repository's LICENSE is the Apache License 2.0 verbatim, and the
+    wheel carries it as core metadata 2.4 says (License-File, the file in
+    .dist-info/licenses/); METADATA passes packaging's validation; its
+    description is docs/plugin.md with no relative link; pyproject.toml
+    declares what the backend fills in. Negative controls: one change each
+    to METADATA, the license, the description, pyproject.toml."""
+    members = _members(plugin_support.build(tmp_path / "dist"))
+    info = _info(members)
+    license_file = (paths.REPO / "LICENSE").read_bytes()
+    assert license_problems(license_file) == []
+    assert members[f"{info}/licenses/LICENSE"] == license_file
+    assert metadata_problems(members) == []
+    meta = Metadata.from_email(members[f"{info}/METADATA"].decode())
+    page = PAGE.read_text()
+    assert description_problems(meta.description, page) == []
+    project = tomllib.loads((paths.REPO / "plugin" / "pyproject.toml").read_text())
+    assert pyproject_problems(project["project"], meta) == []
+
+    def changed(name: str, old: bytes | None, new: bytes | None) -> list[str]:
+        edited = dict(members)
+        if old is None:
+            del edited[f"{info}/{name}"]
+        else:
+            assert old in edited[f"{info}/{name}"], "the control no longer matches"
+            edited[f"{info}/{name}"] = edited[f"{info}/{name}"].replace(old, new, 1)
+        return metadata_problems(edited)
+
+    assert any(
+        "license-file introduced in metadata version 2.4" in p
+        for p in changed("METADATA", b"Metadata-Version: 2.4", b"Metadata-Version: 2.1")
+    )
+    assert changed(
+        "METADATA", b"License-File: LICENSE", b"License-File: LICENSE\nLicense: MIT"
+    ) == ["License beside License-Expression"]
+    assert changed("licenses/LICENSE", None, None) == [
+        f"License-File LICENSE: not in {info}/licenses/"
+    ]
+    # the text as some packages ship it, without its appendix
+    cut = changed("licenses/LICENSE", b"\n   APPENDIX", b"\n   END")
+    assert len(cut) == 1 and "not the ASF's text" in cut[0]
+    assert changed(
+        "METADATA", b"Content-Type: text/markdown", b"Content-Type: text/plain"
+    ) == ["no markdown description"]
+    # the page as it is on the repository's site, with a relative link
+    linked = page.replace("\n", "\nSee [the tests](testing.md).\n", 1)
+    assert description_problems(linked, page) == [
+        "a relative link on an index: (testing.md)"
+    ]
+    lost = meta.description.replace("`VLLM_PLUGINS`", "VLLM_PLUGINS")
+    assert len(description_problems(lost, page)) == 1
+    del project["project"]["dynamic"]
+    assert pyproject_problems(project["project"], meta) == [
+        "readme: in METADATA, neither static nor dynamic"
+    ]
+
+
+def test_the_wheels_description_reads_on_a_package_index():
+    """The backend's rewrite of the page's links: a relative path becomes
+    the repository path it names, an anchor its text, an absolute link
+    stays; a reference-style link to a relative path is refused. Negative
+    control: the page as written fails description_problems."""
+    backend = plugin_support.backend()
+    page = (
+        "# The plugin\n"
+        "See [the tests](testing.md#faults), [the README](../README.md),\n"
+        "[vLLM](https://docs.vllm.ai/en/latest/) and [below](#the-cache).\n"
+        "![a figure](img/x.png)\n"
+    )
+    written = backend.index_page(page)
+    assert written.startswith(
+        "# The plugin\n"
+        "See the tests (`docs/testing.md`), the README (`README.md`),\n"
+        "[vLLM](https://docs.vllm.ai/en/latest/) and below.\n"
+        "a figure (`docs/img/x.png`)\n"
+    )
+    assert "`docs/plugin.md`" in written.splitlines()[-1]
+    assert description_problems(written, page) == []
+    assert len(description_problems(page, page)) == 4
+    with pytest.raises(ValueError, match="'testing.md', a relative path"):
+        backend.index_page(page + "\n[1]: testing.md\n")
+    assert backend.index_page(page + "\n[1]: https://docs.vllm.ai/\n")
+
+
+def test_an_sdist_builds_the_same_wheel(tmp_path):
+    """The backend's sdist (reproducible) carries LICENSE, the description
+    and PKG-INFO (the wheel's METADATA), and pip builds from it, offline,
+    the wheel of `make plugin`, byte for byte. Negative controls: the sdist
+    without its LICENSE builds no wheel; its README.md edited, another one."""
+    backend = plugin_support.backend()
+    wheel = plugin_support.build(tmp_path / "dist")
+    members = _members(wheel)
+    sdist = tmp_path / "sdist" / backend.build_sdist(tmp_path / "sdist")
+    again = tmp_path / "again" / backend.build_sdist(tmp_path / "again")
+    assert sdist.read_bytes() == again.read_bytes()
+    base = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as files:
+        files.extractall(tmp_path / "unpacked", filter="data")
+    unpacked = tmp_path / "unpacked" / base
+    assert (unpacked / "PKG-INFO").read_bytes() == members[f"{_info(members)}/METADATA"]
+    assert (unpacked / "LICENSE").read_bytes() == (paths.REPO / "LICENSE").read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "-q", "--no-cache-dir", "wheel", "--no-index"]
+        + ["--no-deps", str(sdist), "-w", str(tmp_path / "pip")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "pip" / wheel.name).read_bytes() == wheel.read_bytes()
+
+    def build(out: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(unpacked / "vllm_xpu_fakes_build.py")]
+            + [str(tmp_path / out)],
+            capture_output=True,
+            text=True,
+        )
+
+    assert build("direct").returncode == 0
+    assert (tmp_path / "direct" / wheel.name).read_bytes() == wheel.read_bytes()
+    readme = unpacked / "README.md"
+    readme.write_text(readme.read_text() + "edited\n")
+    assert build("edited").returncode == 0
+    assert (tmp_path / "edited" / wheel.name).read_bytes() != wheel.read_bytes()
+    (unpacked / "LICENSE").unlink()
+    done = build("unlicensed")
+    assert done.returncode != 0 and "LICENSE" in done.stderr, done.stderr
+    assert not (tmp_path / "unlicensed" / wheel.name).exists()
+
+
+def _site(venv: Path) -> Path:
     (lib,) = (venv / "lib").glob("python*/site-packages")
+    return lib
+
+
+def _site_files(venv: Path, dirs: bool = False) -> set[str]:
+    """site-packages' files (and directories) but bytecode, relative."""
+    lib = _site(venv)
     return {
         str(p.relative_to(lib))
         for p in lib.rglob("*")
-        if "__pycache__" not in p.parts and p.is_file()
+        if "__pycache__" not in p.parts and (dirs or p.is_file())
     }
 
 
 def test_pip_installs_the_directory_offline_and_uninstall_leaves_nothing(tmp_path):
     """`pip install ./plugin` (the build backend, nothing downloaded:
-    --no-index) gives the wheel of `make plugin`; vLLM finds the entry
-    point; `pip uninstall` removes every file it installed."""
+    --no-index) gives the wheel of `make plugin`, its license and metadata
+    byte for byte; vLLM finds the entry point; `pip uninstall` removes every
+    file and directory it installed."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--no-cache-dir"]
-    before = _site_files(venv)
+    before, dirs = _site_files(venv), _site_files(venv, dirs=True)
     done = subprocess.run(
         [*pip, "install", "--no-index", str(paths.REPO / "plugin")],
         capture_output=True,
@@ -154,10 +399,15 @@ def test_pip_installs_the_directory_offline_and_uninstall_leaves_nothing(tmp_pat
     wheel = plugin_support.build(tmp_path / "dist")
     expected = {n for n in _members(wheel)}
     info = next(n.split("/")[0] for n in expected if n.endswith("/WHEEL"))
-    # pip adds its own bookkeeping to the .dist-info
+    # pip adds its own bookkeeping to the .dist-info, and rewrites RECORD
     assert {a for a in added if not a.startswith(info)} == {
         e for e in expected if not e.startswith(info)
     }
+    members = _members(wheel)
+    for name, data in members.items():
+        if name != f"{info}/RECORD":
+            assert (_site(venv) / name).read_bytes() == data, name
+    assert f"{info}/licenses/LICENSE" in added
     found = subprocess.run(
         [
             str(venv / "bin" / "python"),
@@ -172,6 +422,7 @@ def test_pip_installs_the_directory_offline_and_uninstall_leaves_nothing(tmp_pat
     assert not (paths.REPO / "plugin" / "build").exists()  # the checkout untouched
     done = subprocess.run([*pip, "uninstall", "-y", "vllm-xpu-fakes"], check=True)
     assert _site_files(venv) == before
+    assert _site_files(venv, dirs=True) == dirs  # no directory left either
 
 
 # ---------------------------------------------------------------------------

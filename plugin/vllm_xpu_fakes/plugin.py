@@ -78,12 +78,13 @@ VLLM = "vllm"
 
 # vLLM's own ops that return an XPU GEMM's output as it is, so their fake
 # must be that GEMM's: op -> (its schema, the fake of _xpu_gemm_fakes.py).
-# (scripts/xpufakes/common/ops.py WRAPPERS, data/op_schemas.toml [vllm];
-# tests/test_plugin.py checks the copy.)
+# Written by `make ops` (scripts/xpufakes/changes/opfacts.py) from
+# scripts/xpufakes/common/ops.py WRAPPERS and data/op_schemas.toml [vllm]:
+# edit those, not this copy; tests/test_op_facts.py fails where it differs.
 WRAPPER_FAKES = {
     "vllm::xpu_fp8_bmm": (
-        "vllm::xpu_fp8_bmm(Tensor a, Tensor b, ScalarType out_dtype, "
-        "Tensor a_scale, Tensor b_scale, Tensor? bias) -> Tensor",
+        "vllm::xpu_fp8_bmm(Tensor a, Tensor b, ScalarType out_dtype, Tensor a_scale, "
+        "Tensor b_scale, Tensor? bias) -> Tensor",
         "fp8_bmm_fake",
     ),
 }
