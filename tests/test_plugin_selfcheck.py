@@ -4,16 +4,20 @@ unpacked as pip installs it (its .dist-info too: vLLM finds its entry point
 through it).
 
 It runs vLLM's own plugin loading (`load_general_plugins()`), so each run is
-a process of its own: a real `python -m` where nothing has to be set up
-first (a CPU host), else a forked test process that defines the stand-in
-kernels (and IPEX's stand-in for 0.14.1) as an XPU host has the real ones,
-puts the release's tree on sys.path, and runs the package's __main__ as
-`python -m` does (runpy). Stubbed: the kernels (CPU stand-ins), IPEX (its
+a process of its own: a forked test process that puts a release's tree and
+the plugin on sys.path, defines the stand-in kernels (and IPEX's stand-in
+for 0.14.1) as an XPU host has the real ones where a test needs kernels, and
+runs the package's __main__ as `python -m` does (runpy); a real `python -m`
+for `--verify` off an XPU, and in make e2e (e2e/tests/
+test_plugin_selfcheck.py). Stubbed: the kernels (CPU stand-ins), IPEX (its
 stand-in), and for the negative control of `--verify`'s gate
 torch.xpu.is_available(). Each verdict has its negative control: the same
-set-up with the one thing changed that must change it.
+set-up with the one thing changed that must change it. About 30 s in all
+(forked runs of 2-5 s each; the grid's agreement with make verify-xpu 12 s).
 """
 
+import importlib.abc
+import importlib.util
 import os
 import runpy
 import subprocess
@@ -53,51 +57,6 @@ def _lines(out: str) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------
-# A CPU host: `python -m vllm_xpu_fakes`, nothing else
-# ---------------------------------------------------------------------------
-
-
-def _python_m(site: Path, tree: Path | None, tmp: Path, *args: str, **env: str):
-    environ = {k: v for k, v in os.environ.items() if k not in CLEARED}
-    path = [str(site)] + ([str(tree)] if tree else [])
-    environ.update(PYTHONPATH=os.pathsep.join(path), VLLM_CACHE_ROOT=str(tmp), **env)
-    return subprocess.run(
-        [sys.executable, "-m", PACKAGE, *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=tmp,
-        timeout=300,
-    )
-
-
-def test_on_a_cpu_host_it_says_not_xpu_and_fails(site, tmp_path):
-    """vLLM 0.33.0 on the path, a CPU torch: vLLM's platform is not XPU, the
-    plugin does nothing: exit 1, and the last line says why. The negative
-    control: with VLLM_XPU_FAKES_ANY_PLATFORM=1 the platform is no reason
-    (what is left: no kernel package here)."""
-    tree = releases.pristine("0.33.0")
-    done = _python_m(site, tree, tmp_path)
-    assert done.returncode == 1, done.stdout + done.stderr
-    last = done.stdout.splitlines()[-1]
-    assert last.startswith(NOT_IN_EFFECT + "the platform is not XPU"), last
-    said = _lines(done.stdout)
-    assert said["vLLM"] == f"0.33.0 in {tree / 'vllm'}", said
-    assert said["platform"].endswith("not XPU"), said
-    assert said["load_general_plugins()"].startswith("called register()"), said
-    assert said["entry point"].startswith("xpu_fakes = vllm_xpu_fakes:register")
-
-    anyway = _python_m(site, tree, tmp_path, VLLM_XPU_FAKES_ANY_PLATFORM="1")
-    assert anyway.returncode == 1, anyway.stdout + anyway.stderr
-    last = anyway.stdout.splitlines()[-1]
-    assert "platform" not in last, last
-    assert last == NOT_IN_EFFECT + (
-        "no fake is registered: no XPU kernel op exists here (neither "
-        "vllm_xpu_kernels nor intel_extension_for_pytorch)"
-    ), last
-
-
-# ---------------------------------------------------------------------------
 # A process with the stand-in kernels (forked)
 # ---------------------------------------------------------------------------
 
@@ -130,15 +89,76 @@ def _run_here(site: Path, tree: Path, capsys, monkeypatch, *argv: str, **env: st
     return done.value.code, capsys.readouterr().out
 
 
-# A module that took copies of IPEX's functions before vLLM loaded the
-# plugins: one in a default argument, which no sweep can rebind.
+@pytest.mark.forked
+@pytest.mark.parametrize("any_platform", [False, True])
+def test_on_a_cpu_host_it_says_not_xpu_and_fails(
+    any_platform, site, tmp_path, capsys, monkeypatch
+):
+    """vLLM 0.33.0 on the path, a CPU torch, no kernels: vLLM's platform is
+    not XPU, the plugin does nothing: exit 1, and the last line says why.
+    The negative control: with VLLM_XPU_FAKES_ANY_PLATFORM=1 the platform is
+    no reason (what is left: no kernel package here)."""
+    tree = releases.pristine("0.33.0")
+    env = {"VLLM_XPU_FAKES_ANY_PLATFORM": "1"} if any_platform else {}
+    code, out = _run_here(
+        site, tree, capsys, monkeypatch, VLLM_CACHE_ROOT=str(tmp_path), **env
+    )
+    said, last = _lines(out), out.splitlines()[-1]
+    assert code == 1, out
+    assert said["vLLM"] == f"0.33.0 in {tree / 'vllm'}", said
+    assert said["load_general_plugins()"].startswith("called register()"), said
+    assert said["entry point"].startswith("xpu_fakes = vllm_xpu_fakes:register")
+    if not any_platform:
+        assert said["platform"] == "UnspecifiedPlatform, not XPU", said
+        assert last.startswith(NOT_IN_EFFECT + "the platform is not XPU"), last
+    else:
+        assert "platform" not in last, last
+        assert last == NOT_IN_EFFECT + (
+            "no fake is registered: no XPU kernel op exists here (neither "
+            "vllm_xpu_kernels nor intel_extension_for_pytorch)"
+        ), last
+
+
+# A module of vLLM's (a downstream's file in vllm/) that took copies of
+# IPEX's functions before vLLM loaded the plugins: a global, which the
+# plugin's sweep rebinds, and a default argument, which no sweep can.
 COPIES = """
-from intel_extension_for_pytorch.llm.functional import gelu_and_mul
+from intel_extension_for_pytorch.llm.functional import gelu_and_mul, silu_and_mul
 
 
 def gelu(x, out, kernel=gelu_and_mul):
     kernel(x, out)
 """
+
+
+def _vllm_module(name: str, source: str, directory: Path):
+    """`source` imported as vLLM's module vllm.<name> (vLLM imported first,
+    from the tree on sys.path; the tree in the cache is not written to)."""
+    import vllm
+
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"vllm.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    setattr(vllm, name, module)
+    return module
+
+
+class _Failing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """vLLM's vllm/_ipex_ops.py found, and raising when it is imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "vllm._ipex_ops":
+            return None
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise RuntimeError("a fault in vLLM's module")
 
 
 def _stale_cache(root: Path) -> None:
@@ -149,7 +169,9 @@ def _stale_cache(root: Path) -> None:
 
 
 @pytest.mark.forked
-@pytest.mark.parametrize("fault", ["none", "fake refused", "step failed"])
+@pytest.mark.parametrize(
+    "fault", ["none", "fake refused", "step failed", "vLLM's module fails"]
+)
 def test_unpatched_with_the_kernels_the_fix_is_in_effect(
     fault, site, tmp_path, capsys, monkeypatch
 ):
@@ -157,14 +179,15 @@ def test_unpatched_with_the_kernels_the_fix_is_in_effect(
     =1: the plugin registers the GEMM's fake, wraps IPEX's WOQ linear modules,
     rebinds IPEX's untraceable functions; exit 0, and the report says what,
     the copy out of reach and the stale compile cache as cautions. The
-    negative controls: the fake refused by the plugin (its schema made not
-    the op's), so the kernels have an op the fix has no fake for; the
-    rebinding step failing (its module cannot be imported): exit 1."""
+    negative controls, each exit 1: the fake refused by the plugin (its
+    schema made not the op's), so the kernels have an op the fix has no fake
+    for; the rebinding step failing (its module cannot be imported); vLLM's
+    registering module failing to import, so the fake the plugin registered
+    is not the newest once vLLM imports it."""
     tree = releases.pristine("0.14.1")
     libraries = _kernels("0.14.1")  # noqa: F841
-    (tmp_path / "downstream_copies.py").write_text(COPIES)
-    sys.path.insert(0, str(tmp_path))
-    import downstream_copies  # noqa: F401
+    sys.path.insert(0, str(tree))
+    _vllm_module("downstream_copies", COPIES, tmp_path)
 
     cache = tmp_path / "vllm-cache"
     _stale_cache(cache)
@@ -176,6 +199,8 @@ def test_unpatched_with_the_kernels_the_fix_is_in_effect(
         fakes.IPEX_GEMM_FAKES[IPEX_GEMM] = fakes.FakeSpec(schema + " ", fake)
     elif fault == "step failed":
         monkeypatch.setitem(sys.modules, f"{PACKAGE}._xpu_opaque_calls", None)
+    elif fault == "vLLM's module fails":
+        monkeypatch.setattr(sys, "meta_path", [_Failing(), *sys.meta_path])
     code, out = _run_here(
         site,
         tree,
@@ -196,7 +221,14 @@ def test_unpatched_with_the_kernels_the_fix_is_in_effect(
         assert "IPEXWeightOnlyQuantizedLinear.from_weight" in said["IPEX WOQ"]
         rebound = said["callees rebound"].split(", ")
         assert "intel_extension_for_pytorch.llm.functional.silu_and_mul" in rebound
-        assert "downstream_copies.gelu" in said["copies out of reach"], said
+        assert said["copies rebound"] == (
+            "2: vllm.downstream_copies.gelu_and_mul, "
+            "vllm.downstream_copies.silu_and_mul"
+        ), said
+        assert said["copies out of reach"].startswith(
+            "intel_extension_for_pytorch.llm.functional.gelu_and_mul in a default "
+            "argument of vllm.downstream_copies.gelu (searched the heap: "
+        ), said
         assert said["step fakes"] == said["step rebind"] == "done", said
     elif fault == "fake refused":
         assert code == 1, out
@@ -204,10 +236,19 @@ def test_unpatched_with_the_kernels_the_fix_is_in_effect(
         assert last == NOT_IN_EFFECT + (
             f"the kernels have {IPEX_GEMM}, and the fix's fake is not registered for it"
         ), last
+    elif fault == "vLLM's module fails":
+        assert code == 1, out
+        assert said["fakes registered"] == IPEX_GEMM, said  # but too early
+        assert last == NOT_IN_EFFECT + (
+            "vllm._ipex_ops cannot be imported (RuntimeError: a fault in vLLM's "
+            "module): the plugin registers its fakes after vLLM's module has "
+            "registered vLLM's own, and it has not"
+        ), last
     else:
         assert code == 1, out
-        assert said["step rebind"].startswith("failed (ImportError"), said
-        assert last.startswith(NOT_IN_EFFECT + "the step 'rebind' failed (Import")
+        assert said["step rebind"].startswith("failed ("), said
+        assert said["step rebind"].endswith("; undone, as vLLM has it"), said
+        assert last.startswith(NOT_IN_EFFECT + "the step 'rebind' failed ("), last
         assert said["callees rebound"] == "none", said
 
 
@@ -284,10 +325,40 @@ def test_vllm_plugins_without_the_plugin(
     else:
         assert code == 1, out
         assert said["load_general_plugins()"].startswith("did not call register()")
+        assert said["the plugin"] == "not called: it did nothing in this process"
         why = f"VLLM_PLUGINS={allowed!r} does not name 'xpu_fakes'"
         assert said["VLLM_PLUGINS"].startswith(why), said
         assert last.startswith(NOT_IN_EFFECT + why), last
         assert said["fakes registered"] == "none", said
+
+
+def test_make_audit_and_the_self_check_read_one_source(site):
+    """What vLLM does with VLLM_PLUGINS and where its compile cache is: the
+    plugin's installed.py, shipped in the wheel, and loaded by its path by
+    make audit's module (scripts/xpufakes/proof/plugin.py), which keeps no
+    copy. Its entry point name is the wheel's. vLLM compares the names of
+    VLLM_PLUGINS as written (vllm/envs.py splits at commas and strips
+    nothing): ' xpu_fakes' is not the plugin's (the tool stripped them
+    before; the forked run above shows vLLM agreeing)."""
+    import importlib.metadata
+
+    from xpufakes.common import paths
+    from xpufakes.proof import plugin as installed_plugin
+
+    shared = installed_plugin.SHARED
+    assert Path(shared.__file__) == paths.REPO / "plugin" / PACKAGE / "installed.py"
+    assert (site / PACKAGE / "installed.py").read_bytes() == Path(
+        shared.__file__
+    ).read_bytes()
+    (dist,) = importlib.metadata.distributions(path=[str(site)])
+    points = {
+        (e.group, e.name) for e in dist.entry_points if e.value == f"{PACKAGE}:register"
+    }
+    assert points == {(shared.GROUP, shared.ENTRY_POINT)}
+    for value, loads in [("other,xpu_fakes", True), ("other, xpu_fakes", False)]:
+        said = installed_plugin.loaded_by_vllm({"VLLM_PLUGINS": value})
+        assert (said == "") is loads, said
+    assert said.endswith("vLLM compares the names as written: ' xpu_fakes'"), said
 
 
 # ---------------------------------------------------------------------------
@@ -322,10 +393,18 @@ def test_the_wheel_ships_the_grid_of_the_in_tree_tests(tmp_path):
 
 
 def test_verify_off_xpu_says_it_cannot_run_here(site, tmp_path):
-    """No Intel GPU: `--verify` says so and exits 77 (not a failure), as
-    make verify-xpu does; nothing else is needed for that (no vLLM on the
-    path)."""
-    done = _python_m(site, None, tmp_path, "--verify")
+    """No Intel GPU: `python -m vllm_xpu_fakes --verify` says so and exits
+    77 (not a failure), as make verify-xpu does; nothing else is needed for
+    that (no vLLM on the path). Its negative control is the next test."""
+    environ = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    done = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "--verify"],
+        capture_output=True,
+        text=True,
+        env=dict(environ, PYTHONPATH=str(site)),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 77, done.stdout + done.stderr
     assert done.stdout.startswith("vllm-xpu-fakes --verify: cannot run here: no Intel")
 
@@ -340,7 +419,13 @@ def test_verify_on_an_xpu_runs_the_grid_on_it(site, tmp_path, capsys, monkeypatc
 
     tree = releases.pristine("0.33.0")
     libraries = _kernels("0.33.0")  # noqa: F841
-    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+    # an XPU for --verify's gate only (the __main__ module's call): vLLM's
+    # platform would otherwise look for the real kernels' native module
+    monkeypatch.setattr(
+        torch.xpu,
+        "is_available",
+        lambda: sys._getframe(1).f_globals.get("__name__") == "__main__",
+    )
     code, out = _run_here(
         site,
         tree,
@@ -355,7 +440,10 @@ def test_verify_on_an_xpu_runs_the_grid_on_it(site, tmp_path, capsys, monkeypatc
     assert IN_EFFECT in lines, out  # the self-check's verdict, then the grid
     assert "FAIL: 0 of 8 ops conform on the kernels" in lines, out
     assert "XPU" in out.split("opcheck grid", 1)[1], out  # why each failed
-    assert lines[-1].startswith("vllm-xpu-fakes: a fake does NOT conform"), lines[-1]
+    assert lines[-1] == (
+        "vllm-xpu-fakes --verify: FAIL: 8 of 8 ops' fakes do not conform to this "
+        "XPU's kernels (above); the fix is in effect"
+    ), lines[-1]
 
 
 def _summary(results) -> dict[str, tuple]:

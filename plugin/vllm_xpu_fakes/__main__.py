@@ -56,11 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("opcheck grid of the fakes in effect, on the XPU's kernels:")
     print(opcheck.table(results), flush=True)
+    bad = sum(not r.ok for r in results)
     print(
         "vllm-xpu-fakes --verify: "
-        + ("every fake conforms" if passed else "a fake does NOT conform (above)")
-        + " on this XPU; "
-        + ("the fix is in effect" if report.ok else "the fix is NOT in effect"),
+        + (
+            "PASS: every fake in effect conforms to this XPU's kernels"
+            if passed
+            else f"FAIL: {bad} of {len(results)} ops' fakes do not conform to "
+            "this XPU's kernels (above)"
+        )
+        + "; "
+        + ("the fix is in effect" if report.ok else "the fix is NOT in effect (above)"),
         flush=True,
     )
     return 0 if passed and report.ok else 1

@@ -138,9 +138,12 @@ def check() -> Report:
             )
         )
     why_not = plugin.why_not()
-    report.add(
-        "the plugin", f"does nothing here: {why_not}" if why_not else "acts here"
-    )
+    if not called:
+        report.add("the plugin", "not called: it did nothing in this process")
+    else:
+        report.add(
+            "the plugin", f"does nothing here: {why_not}" if why_not else "acts here"
+        )
     if called and platform_ok and why_not:
         report.failures.append(why_not)
     for step, outcome in state.get("steps", {}).items():
@@ -282,6 +285,18 @@ def _plugin_fakes(report: Report, state: dict, plugin) -> None:
 
     registered = state["registered"]
     report.add("fakes registered", ", ".join(registered) or "none")
+    for module, package in plugin.REGISTERING_MODULES:
+        if module in sys.modules or not _present(package):
+            continue
+        if importlib.util.find_spec(module) is not None:
+            # vLLM imports it to run a model: its own fakes then replace the
+            # plugin's (torch >= 2.13), or its import fails (older torch)
+            said = [d for d in state["differs"] if d.startswith(f"{module} ")]
+            report.failures.append(
+                (said[0] if said else f"{module} is not imported")
+                + ": the plugin registers its fakes after vLLM's module has "
+                "registered vLLM's own, and it has not"
+            )
     tables = (fakes.XPU_GEMM_FAKES, fakes.IPEX_GEMM_FAKES, plugin.WRAPPER_FAKES)
     _missing(report, _existing(*tables), registered)
 
