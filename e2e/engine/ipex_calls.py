@@ -596,6 +596,24 @@ def woq_cases() -> list[tuple]:
     return [(method, make(method)) for method in ("awq", "gptq")]
 
 
+# vLLM's call site of from_weight (its IPEX AWQ / GPTQ methods) is in this
+# module; importing it needs most of vLLM's dependencies, so the caller is
+# emulated: a function whose globals name that module (what tells a caller
+# in vLLM's modules from any other)
+VLLM_CALLER = "vllm.model_executor.layers.quantization.ipex_quant"
+VLLM_CALLER_LABEL = f"a function of a module named {VLLM_CALLER} (emulated)"
+
+
+def _vllm_named_caller(cls):
+    namespace = {"__name__": VLLM_CALLER, "IPEXWeightOnlyQuantizedLinear": cls}
+    source = (
+        "def make(*args, **kwargs):\n"
+        "    return IPEXWeightOnlyQuantizedLinear.from_weight(*args, **kwargs)\n"
+    )
+    exec(compile(source, f"<{VLLM_CALLER}, emulated>", "exec"), namespace)
+    return namespace["make"]
+
+
 def woq(make_module, build) -> dict:
     from intel_extension_for_pytorch.llm.quantization.woq_linear import (
         IPEXWeightOnlyQuantizedLinear,
@@ -692,6 +710,7 @@ def main(tree: str, plugin: str, out: str) -> int:
         "IPEXWeightOnlyQuantizedLinear.from_weight (this script)": (
             IPEXWeightOnlyQuantizedLinear.from_weight
         ),
+        VLLM_CALLER_LABEL: _vllm_named_caller(IPEXWeightOnlyQuantizedLinear),
     }
     result["woq"] = {
         f"{maker}/{method}": woq(function, build)

@@ -77,6 +77,8 @@ WOQ_CLASS = (
     "intel_extension_for_pytorch.llm.quantization.woq_linear."
     "IPEXWeightOnlyQuantizedLinear"
 )
+WOQ_OP = "vllm_xpu_fakes._ipex_woq_linear.IPEXWoqLinearOp"
+VLLM_NAMED = "a function of a module named vllm."  # ipex_calls.VLLM_CALLER_LABEL
 
 
 # ---------------------------------------------------------------------------
@@ -392,25 +394,34 @@ def test_c_nothing_outside_vllm_is_rebound(runs, wheel):
 @pytest.mark.parametrize("wheel", WHEELS)
 def test_d_from_weight_outside_vllm_is_ipex_class(runs, wheel):
     reference, got = runs("none"), runs(wheel)
-    assert len(reference["woq"]) == 4, reference["woq"]
+    assert len(reference["woq"]) == 6, reference["woq"]
     for key, made in reference["woq"].items():
         assert made["raised"] is None, (key, made)
         assert made["type"] == WOQ_CLASS, (key, made)
         assert made["isinstance IPEXWeightOnlyQuantizedLinear"], (key, made)
         assert made["forward"]["result"]["shape"] == [3, 32], (key, made)
         assert made["forward"]["repeatable"], (key, made)
+    outside = {k: v for k, v in got["woq"].items() if not k.startswith(VLLM_NAMED)}
+    assert len(outside) == 4, sorted(got["woq"])
     wrong = {
         key: made.get("type") or made.get("raised")
-        for key, made in got["woq"].items()
+        for key, made in outside.items()
         if _exact(made) != _exact(reference["woq"][key])
     }
+    # the wrapper is in place: a caller in vLLM's modules (emulated, by
+    # its module's name) gets the op, which computes what IPEX's module does
+    for key, made in got["woq"].items():
+        if key.startswith(VLLM_NAMED):
+            assert made["type"] == WOQ_OP, (key, made)
+            assert not made["isinstance IPEXWeightOnlyQuantizedLinear"], (key, made)
+            assert _exact(made["forward"]) == _exact(reference["woq"][key]["forward"])
     if wheel == "new":
         assert not wrong, wrong
         return
     # the negative control: the old wrapper gave every caller its own op
-    assert set(wrong) == set(reference["woq"]), wrong
+    assert set(wrong) == set(outside), wrong
     for key in wrong:
-        assert got["woq"][key]["type"].endswith(".IPEXWoqLinearOp"), got["woq"][key]
+        assert got["woq"][key]["type"] == WOQ_OP, got["woq"][key]
         assert not got["woq"][key]["isinstance IPEXWeightOnlyQuantizedLinear"]
         # the output is the same (issue 41): only the class differs
         forward = got["woq"][key]["forward"]
