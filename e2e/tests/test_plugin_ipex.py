@@ -161,6 +161,7 @@ def runs(tmp_path_factory):
             ]
             done[name] = json.loads(out.read_text())
             done[name]["log"] = proc.stdout + proc.stderr
+            done[name]["plugin_dir"] = plugins[name]
         return done[name]
 
     return get
@@ -258,8 +259,12 @@ def test_the_plugin_rebinds_the_callees_and_is_vllms_own_plugin_load(runs):
             f"{FUNCTIONAL}.{n}" for n in CALLEES
         ), got["state"]
         assert "vllm-xpu-fakes: " in got["log"], got["log"][-2000:]
+        assert got["plugin_file"].startswith(got["plugin_dir"] + "/"), got
         for name in CALLEES:
             assert not got["still the original"][f"{FUNCTIONAL}.{name}"], name
+    # each from its own wheel: the old one has no steps in its state
+    assert runs("new")["plugin_dir"] != runs("old")["plugin_dir"]
+    assert "steps" in runs("new")["state"] and "steps" not in runs("old")["state"]
 
 
 @pytest.mark.parametrize("wheel", WHEELS)
