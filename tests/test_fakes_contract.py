@@ -29,8 +29,9 @@ def _fakes():
     return importlib.import_module("vllm._xpu_gemm_fakes")
 
 
-def _setup(release: str = "0.1.15.4"):
-    """Stand-ins of a vllm-xpu-kernels release and IPEX, then our fakes."""
+def _setup(release: str = ref.NEWEST_XPU_KERNELS):
+    """Stand-ins of a vllm-xpu-kernels release (by default the newest pin's,
+    which `make ops` writes into the reference) and IPEX, then our fakes."""
     libraries = [ref.define_xpu_c_kernels(release), ref.define_torch_ipex_kernels()]
     fakes = _fakes()
     fakes.register_xpu_gemm_fakes()
@@ -569,7 +570,7 @@ def test_an_earlier_wrong_fake_is_replaced_where_torch_refuses_by_default(
     """torch 2.8 - 2.12 (allow_override=False by default) with vLLM's
     flattening fake registered first. Negative control: registering without
     allow_override=True raises there, and the flattened [15, 48] stays."""
-    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    libraries = [ref.define_xpu_c_kernels()]  # noqa: F841
     monkeypatch.setattr(
         torch.library, "register_fake", _register_fake_of_torch(allow_override=False)
     )
@@ -586,7 +587,7 @@ def test_a_register_fake_without_allow_override_still_registers(monkeypatch):
     nightlies before it was added) although its version says 2.8.
     Negative control: deciding from the version (>= 2.8 -> pass it) raises
     TypeError there, and nothing is registered."""
-    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    libraries = [ref.define_xpu_c_kernels()]  # noqa: F841
     monkeypatch.setattr(torch, "__version__", "2.8.0.dev20250301+cpu")
     monkeypatch.setattr(
         torch.library, "register_fake", _register_fake_of_torch(allow_override=None)
@@ -672,7 +673,9 @@ def test_the_grid_runs_the_kernel_checks_and_they_can_fail():
     chosen = [c for c in grid.cases() if c.name == "int4_gemm_w4a16"]
     assert chosen and grid.failures(grid.run(chosen)) == {}
     assert all("test_schema" in c.kernel_checks() for c in chosen)
-    kernels = ref.make_xpu_c_kernels(ref._Release(ref.parse_version("0.1.15.4")))
+    kernels = ref.make_xpu_c_kernels(
+        ref._Release(ref.parse_version(ref.NEWEST_XPU_KERNELS))
+    )
     # a stand-in that records autograd history below the autograd key
     lib = _override_standin("int4_gemm_w4a16", kernels["int4_gemm_w4a16"])
     failed = grid.failures(grid.run(chosen))

@@ -31,8 +31,9 @@ import pytest
 from support import tool
 from xpufakes.changes import opfacts
 from xpufakes.common import ops
+from xpufakes.proof import models
 from xpufakes.staging import inplace, upstream
-from xpufakes.trees import pins
+from xpufakes.trees import pinfacts, pins
 
 REPO = tool.SCRIPTS.parent
 DATA = tool.SCRIPTS / "xpufakes" / "data"
@@ -42,6 +43,7 @@ E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
 PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
 INPLACE_TEST = opfacts.INPLACE_TEST
 CONTRIBUTORS = "docs/contributors.md"
+TRACED_PATH = "docs/traced-path.md"
 HEADERS = "scripts/xpufakes/data/dep3_headers.toml"
 # Ours, but not a GEMM of a kernel package: vLLM's op around IPEX's WOQ
 # module (vllm_overlay/vllm/_ipex_woq_linear.py), with its own test.
@@ -87,6 +89,7 @@ def _sources() -> dict[str, str]:
             INPLACE_TEST,
             HEADERS,
             CONTRIBUTORS,
+            TRACED_PATH,
         )
     }
 
@@ -253,6 +256,13 @@ def generated_disagrees(path: str, text: str) -> list[str]:
             for m in opfacts.MARKED.finditer(text)
             if m.group(2) != known.get(m.group(1))
         ]
+    if path in opfacts.MODEL_DOCUMENTS:
+        known = opfacts.model_facts()
+        problems += [
+            f"{path}: models:{m.group(1)} is not what `make ops` writes"
+            for m in pinfacts.marked("models").finditer(text)
+            if m.group(2) != known.get(m.group(1))
+        ]
     rewrite = opfacts.expected(REPO).get(path)
     if not problems and rewrite and rewrite(text) != text:
         problems.append(f"{path}: not as `make ops` lays it out")
@@ -300,9 +310,33 @@ def test_the_in_place_tests_regions_agree_with_the_table():
     assert inplace_disagrees(_sources()[INPLACE_TEST]) == []
 
 
-@pytest.mark.parametrize("path", [REFERENCE, E2E_STANDINS, PLUGIN, CONTRIBUTORS])
+@pytest.mark.parametrize(
+    "path", [REFERENCE, E2E_STANDINS, PLUGIN, CONTRIBUTORS, TRACED_PATH]
+)
 def test_every_generated_place_holds_what_make_ops_writes(path):
     assert generated_disagrees(path, _sources()[path]) == []
+
+
+def test_the_catalogs_figures_are_the_catalogs():
+    """A second count of docs/traced-path.md's catalog figures: the models
+    as the proof loads them, each by the architecture its config names.
+    Negative control: the figure it had (13 architectures for 12) fails."""
+    catalog = models.load()
+    architectures = {m.config["architectures"][0] for m in catalog.values()}
+    text = _sources()[TRACED_PATH]
+    found = {m.group(1): m.group(2) for m in pinfacts.marked("models").finditer(text)}
+    assert found == {
+        "entries": str(len(catalog)),
+        "architectures": str(len(architectures)),
+    }
+    wrong = text.replace(
+        f"<!-- models:architectures -->{len(architectures)}<",
+        f"<!-- models:architectures -->{len(architectures) + 1}<",
+    )
+    assert wrong != text
+    assert generated_disagrees(TRACED_PATH, wrong) == [
+        f"{TRACED_PATH}: models:architectures is not what `make ops` writes"
+    ]
 
 
 def test_the_docs_figures_of_the_in_place_test_are_the_cuts():
