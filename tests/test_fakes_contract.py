@@ -705,13 +705,17 @@ def _grid_failures(name: str, chosen: list) -> dict[str, str]:
 def _cases_it_must_fail(name: str, wrong: wrong_fakes.WrongFake) -> list:
     """The op's cases the wrong fake gets wrong, from each case's arguments
     and what the stand-in kernel returns for them (call with no fake
-    registered: the kernel runs eagerly)."""
+    registered: the kernel runs eagerly). The grid must have some."""
     schema = op_schemas()[name]
     chosen = []
     for case in _grid_of(name):
         args = case.args("cpu")
         if wrong.must_fail(schema, args, case.op()(*args)):
             chosen.append(case)
+    assert chosen, (
+        f"no case of {name}'s grid (CASE_SPACE) has what a {wrong.name} fake "
+        "gets wrong: add the layouts (LAYOUTS) or the out_dtype None it lacks"
+    )
     return chosen
 
 
@@ -760,9 +764,6 @@ def test_a_standard_wrong_fake_fails_the_grid(name, wrong):
     libraries = _stand_in(name)  # noqa: F841
     wrong_fake = wrong_fakes.by_name(wrong)
     chosen = _cases_it_must_fail(name, wrong_fake)
-    assert chosen, (
-        f"no case of {name}'s grid (CASE_SPACE) has what a {wrong} fake gets wrong"
-    )
     real = getattr(_load_fakes(FAKES_FILE), OPS[name]["fake"])
     library = torch.library.Library(name.partition("::")[0], "FRAGMENT")  # noqa: F841
     torch.library.register_fake(
