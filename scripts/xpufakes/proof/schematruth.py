@@ -284,10 +284,17 @@ def check(
         by_op.setdefault(call.op, []).append(call)
     lying = []
     checked = 0
+    loaded = {
+        ns
+        for ns in {op.split("::")[0] for op in facts}
+        if any(f"ops.{ns}" in t for t in texts.values())
+    }
     for op, f in sorted(facts.items()):
         called = op in by_op
         if not called and f.own is None and not (f.returns or f.writes):
             continue
+        if not called and f.own is None and op.split("::")[0] not in loaded:
+            continue  # a package the tree does not load
         checked += 1
         lies = _lies(f, by_op.get(op, []), fakes_of.get(op, []), source)
         if lies:
@@ -478,15 +485,11 @@ def _place(lying: list[OpTruth], by_op, unknown_calls, texts, source) -> list:
             site = reach.Step(call.file, call.line, call.function)
             steps = [*finding.chain[:-1], site] if finding.chain else [site]
             when = conditions(source, steps) if finding.reached else ""
-            o.sites.append(
-                Site(
-                    call,
-                    list(finding.configurations),
-                    finding.entry,
-                    finding.note,
-                    when,
-                )
-            )
+            configurations, note = list(finding.configurations), finding.note
+            if when.startswith(NOT_ON_XPU):
+                configurations, note = [], f"another platform's path ({when})"
+                when = ""
+            o.sites.append(Site(call, configurations, finding.entry, note, when))
     return [c for c in unknown_calls if explained[(c.module, c.function)].reached]
 
 
@@ -508,8 +511,13 @@ def conditions(source: SourceTree, steps: list) -> str:
     alternatives = _dnf(ast.BoolOp(ast.And(), found))
     if alternatives is None:
         return "when " + " and ".join(ast.unparse(c) for c in found)
+    alternatives = _simplified(alternatives)
+    on_xpu = [a for a in alternatives if all(_on_xpu(x) is not False for x in a)]
+    if alternatives and not on_xpu:
+        shown = _some([" and ".join(ast.unparse(x) for x in a) for a in alternatives])
+        return f"{NOT_ON_XPU}: only when {shown}"
     free, counted, env = [], [], []
-    for conjunction in _simplified(alternatives):
+    for conjunction in on_xpu:
         tagged = [(ast.unparse(atom), _tag(atom, named)) for atom in conjunction]
         env += [text for text, tag in tagged if tag == "env var" and text not in env]
         if any(tag == "token count" for _, tag in tagged):
@@ -531,6 +539,20 @@ def conditions(source: SourceTree, steps: list) -> str:
     if env:
         parts.append("env: " + "; ".join(env))
     return "; ".join(parts)
+
+
+NOT_ON_XPU = "not on XPU"
+_PLATFORM = re.compile(r"(not )?[\w.]*platform\.is_(\w+)\(\)")
+_PLATFORMS = {"xpu", "cuda", "rocm", "cuda_alike", "cpu", "tpu", "hpu", "neuron"}
+
+
+def _on_xpu(atom: ast.expr) -> bool | None:
+    """The value of a platform test (`current_platform.is_cuda()`) on XPU;
+    None for any other condition."""
+    found = _PLATFORM.fullmatch(ast.unparse(atom))
+    if found is None or found.group(2) not in _PLATFORMS:
+        return None
+    return (found.group(2) == "xpu") != bool(found.group(1))
 
 
 def _some(alternatives: list[str], shown: int = 3) -> str:
