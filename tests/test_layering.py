@@ -48,7 +48,7 @@ LAYERS = {
         "quantize_convert_standin transformers_pin",
         "scan loading modelproof",
         "modeltrace",
-        "audit verify",
+        "audit verify schemacontracts",
         "prove testcases",
     ],
     # taking the fix upstream

@@ -13,7 +13,7 @@ from pathlib import Path
 from xpufakes.changes import authoring, esimdfacts, export, history, opfacts, selection
 from xpufakes.common import errors, streams
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import audit, verify
+from xpufakes.proof import audit, schemacontracts, verify
 from xpufakes.trees import fetch, pins, tree
 from xpufakes.verbs import apply, outcome, revert, status, treeexport, treetest
 from xpufakes.verbs.pipeline import Committed
@@ -167,6 +167,12 @@ def cmd_esimd_schemas(args) -> int:
     return errors.OK
 
 
+def cmd_schema_contracts(args) -> int:
+    path, count = schemacontracts.write(args.trees)
+    print(f"wrote {path}: {count} contract(s)")
+    return errors.OK
+
+
 def cmd_refresh(args) -> int:
     for variant in authoring.refresh():
         print(f"{variant.series}: {', '.join(variant.releases)}")
@@ -286,6 +292,12 @@ def _parser() -> argparse.ArgumentParser:
         "write data/esimd_schemas.toml from an intel/llm-scaler git dir",
         ("git_dir", {"metavar": "GIT_DIR"}),
         ("commits", {"nargs": "*", "metavar": "COMMIT"}),
+    )
+    verb(
+        "schema-contracts",
+        cmd_schema_contracts,
+        "write data/schema_contracts.toml from schema truth on the trees given",
+        ("trees", {"nargs": "+", "metavar": "VLLM"}),
     )
     verb("refresh", cmd_refresh, "rewrite patches/ and pins.toml from the sdists")
     return parser

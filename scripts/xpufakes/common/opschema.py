@@ -18,6 +18,12 @@ _ALIAS = re.compile(r"\((\w+)(!?)\)")
 class Arg:
     type: str  # as written, e.g. "Tensor(a!)?", "int", "Tensor[]"
     name: str
+    default: str = ""  # as written after `=`
+
+    @property
+    def plain(self) -> str:
+        """The type without its alias annotation ("Tensor(a!)?" -> "Tensor?")."""
+        return _ALIAS.sub("", self.type).replace("!", "")
 
     @property
     def tensor(self) -> bool:
@@ -84,7 +90,7 @@ def _split(text: str) -> list[str]:
 def _arg(text: str, position: int) -> Arg | None:
     """One argument or return ("Tensor(a!) out", "int k=1", "Tensor");
     None for the keyword-only marker `*`."""
-    text = text.split("=", 1)[0].strip()
+    text, _, default = (part.strip() for part in text.partition("="))
     if text == "*":
         return None
     # the type may hold spaces inside its parentheses: "Tensor(a! -> *)"
@@ -98,7 +104,7 @@ def _arg(text: str, position: int) -> Arg | None:
             cut = i
             break
     kind, name = text[:cut], text[cut:].strip()
-    return Arg(kind, name or f"_{position}")
+    return Arg(kind, name or f"_{position}", default)
 
 
 def parse(schema: str) -> Schema:

@@ -312,22 +312,29 @@ def check(
 
 def _own_schema(reg: treeops.Registration, source: SourceTree) -> opschema.Schema:
     """The schema torch infers for a tree's own op, as far as this search
-    needs it: which parameters are tensors (by annotation; none: taken
-    for one), which are marked (mutates_args), whether it returns one."""
+    needs it: the parameters' types (from their annotations; none: taken
+    for a tensor) and defaults, which are marked (mutates_args), whether it
+    returns a tensor."""
     module = source.module(reg.module)
     function = module.functions.get(reg.function) if module else None
     marked = set(reg.mutates or [])
-    args = []
-    annotations = {}
+    annotations, defaults = {}, {}
     if function is not None:
         a = function.args
-        for arg in a.posonlyargs + a.args + a.kwonlyargs:
+        positional = a.posonlyargs + a.args
+        for arg in positional + a.kwonlyargs:
             annotations[arg.arg] = ast.unparse(arg.annotation) if arg.annotation else ""
-    for name in reg.params:
-        note = annotations.get(name, "")
-        tensor = not note or "Tensor" in note
-        kind = ("Tensor(!)" if name in marked else "Tensor") if tensor else note
-        args.append(opschema.Arg(kind, name))
+        for arg, value in zip(positional[::-1], a.defaults[::-1], strict=False):
+            defaults[arg.arg] = ast.unparse(value)
+        for arg, value in zip(a.kwonlyargs, a.kw_defaults, strict=False):
+            if value is not None:
+                defaults[arg.arg] = ast.unparse(value)
+    args = []
+    for i, name in enumerate(reg.params):
+        kind = _schema_type(annotations.get(name, ""))
+        if name in marked and kind.startswith("Tensor"):
+            kind = kind.replace("Tensor", f"Tensor(a{i}!)", 1)
+        args.append(opschema.Arg(kind, name, defaults.get(name, "")))
     returns = ()
     if function is not None:
         kinds = [k for k, _ in treeops.returns_of(function)]
@@ -335,6 +342,20 @@ def _own_schema(reg: treeops.Registration, source: SourceTree) -> opschema.Schem
         if any(k != "none" for k in kinds) or "Tensor" in note:
             returns = (opschema.Arg("Tensor", "_0"),)
     return opschema.Schema(reg.op.split("::")[1], tuple(args), returns)
+
+
+def _schema_type(annotation: str) -> str:
+    """The schema type torch infers from a Python annotation (the common
+    ones; none: a tensor)."""
+    text = annotation.replace("torch.", "").replace(" ", "")
+    optional = "|None" in text or text.startswith("Optional[")
+    text = text.replace("|None", "").removeprefix("Optional[").rstrip("]")
+    base = {"": "Tensor", "Tensor": "Tensor", "list[Tensor": "Tensor[]"}.get(text)
+    if base is None:
+        base = {"int": "int", "float": "float", "bool": "bool", "str": "str"}.get(
+            text, "int[]" if text == "list[int" else annotation
+        )
+    return f"{base}?" if optional and base != annotation else base
 
 
 def _own_evidence(f: Facts, source: SourceTree, calls, facts) -> None:

@@ -91,6 +91,7 @@ class Call:
     args: dict[str, str]  # op parameter -> the argument's source text
     result_used: bool
     read_after: dict[str, int] = field(default_factory=dict)  # parameter -> line
+    target: str = ""  # what the name resolves to: "pkg.f", "torch.ops.ns.op"
 
 
 # ---------------------------------------------------------------------------
@@ -559,11 +560,11 @@ def calls(
                 if got is None:
                     continue
                 op, wrapper = got
-                found.append(
-                    _call(
-                        op, wrapper, node, function, path, module, qual, dotted, known
-                    )
+                call = _call(
+                    op, wrapper, node, function, path, module, qual, dotted, known
                 )
+                call.target = target
+                found.append(call)
                 break
     return found
 
