@@ -8,6 +8,7 @@ In memory: no tree is written, nothing is imported; ~10 s (two checks of
 
 import ast
 import textwrap
+import tomllib
 
 import pytest
 
@@ -412,12 +413,18 @@ SAMPLER = "vllm::xpu_topk_topp_sampler"
 
 @pytest.fixture(scope="module")
 def upstream():
-    return tree.python_sources(releases.pristine("0.33.0"))
+    """0.33.0's texts, and their syntax trees as the first check parses
+    them (each check gets a copy: one parse of the tree for the module)."""
+    texts = tree.python_sources(releases.pristine("0.33.0"))
+    parsed: dict = {}
+    truth = schematruth.check(texts, "0.33.0", parsed)
+    return texts, parsed, truth
 
 
 def test_upstream_sampler_and_the_aliasing_gemm_named_and_placed(upstream):
-    parsed: dict = {}
-    found = {o.op: o for o in schematruth.check(upstream, "0.33.0", parsed).ops}
+    upstream, parsed, truth = upstream
+    parsed = dict(parsed)
+    found = {o.op: o for o in truth.ops}
     sampler = found[SAMPLER]
     kinds = {(x.kind, x.argument) for x in sampler.lies}
     assert ("c", "") in kinds and ("a", "logits_to_return") in kinds
@@ -443,3 +450,49 @@ def test_upstream_sampler_and_the_aliasing_gemm_named_and_placed(upstream):
     again = {o.op for o in schematruth.check(fixed, "0.33.0", parsed).ops}
     assert SAMPLER not in again and "_xpu_C::fp8_gemm_out" in again
     ast.parse(fixed[path])
+
+
+# ---------------------------------------------------------------------------
+# The fix's contracts (proof/schemacontracts.py, data/schema_contracts.toml)
+# ---------------------------------------------------------------------------
+
+
+def test_the_contract_of_a_lying_op_and_none_for_a_truthful_one():
+    from xpufakes.proof import schemacontracts
+
+    truth = schematruth.check(_tree(), "9.9.9", data=_data(LIES))
+    found = schemacontracts.contracts(truth, "toy")
+    gemm = found[f"{PACKAGE}.toy_gemm"]  # what the tree calls: the wrapper
+    assert gemm["op"] == "toy_gemm" and gemm["kernel_op"] == GEMM
+    assert gemm["params"] == ["Tensor input", "Tensor weight", "Tensor output"]
+    assert (gemm["mutates"], gemm["returns"], gemm["callee_returns"]) == (
+        ["output"],
+        "",
+        "output",
+    )
+    assert "csrc/toy.cc:8" in gemm["source"]
+    # through `self._op = toy_two`: it marks out2, hides out, returns nothing
+    two = found[f"{PACKAGE}.toy_two"]
+    assert (two["mutates"], two["callee_returns"]) == (["out", "out2"], "")
+    truthful = schematruth.check(_tree(), "9.9.9", data=_data(TRUTHS))
+    assert schemacontracts.contracts(truthful, "toy") == {}
+
+
+def test_the_committed_contracts_of_upstream_are_what_schema_truth_says(upstream):
+    from xpufakes.proof import schemacontracts
+
+    committed = {
+        callee: entry
+        for callee, entry in tomllib.loads(schemacontracts.DATA.read_text()).items()
+        if "vLLM 0.33.0" in entry["trees"]
+    }
+    found = schemacontracts.contracts(upstream[2], "vLLM 0.33.0")
+    keys = ("op", "kernel_op", "params", "mutates", "returns", "callee_returns")
+    assert {c: [e[k] for k in keys] for c, e in found.items()} == {
+        c.split("#")[0]: [e[k] for k in keys] for c, e in committed.items()
+    }
+    # the sampler is not on the traced path: no contract needed for it
+    assert "torch.ops.vllm.xpu_topk_topp_sampler" not in found
+    assert found["torch.ops.vllm.sparse_attn_indexer"]["callee_returns"] == (
+        "topk_indices_buffer"
+    )
