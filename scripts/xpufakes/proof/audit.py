@@ -268,7 +268,8 @@ def audit(
     untraceable calls should start from, where they can; `installed`: the
     vLLM plugin installed with it, which registers in the dynamic part)."""
     sources = tree.python_sources(found.root)
-    sites, declared = scan.scan(sources)
+    parsed: dict = {}  # each file parsed once: the scan, reach, schema truth
+    sites, declared = scan.scan(sources, parsed=parsed)
     standins = standins or kernels_of(found)
     standins = kernels.standins(standins, kernels.is_mixed(standins, sources))
     directory = installed.directory if installed else None
@@ -276,9 +277,9 @@ def audit(
         check_fakes(found.root, standins, directory) if dynamic else ({}, None)
     )
     ipex = kernels.IPEX in standins
-    untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex)
+    untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex, parsed=parsed)
     result = Result(standins, reports(sites, declared, checked, state), untraceable)
-    result.truth = schematruth.check(sources, _version(found))
+    result.truth = schematruth.check(sources, _version(found), parsed)
     if installed is not None:
         cautions = [
             c
