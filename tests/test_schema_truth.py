@@ -496,3 +496,23 @@ def test_the_committed_contracts_of_upstream_are_what_schema_truth_says(upstream
     assert found["torch.ops.vllm.sparse_attn_indexer"]["callee_returns"] == (
         "topk_indices_buffer"
     )
+
+
+def test_a_traced_call_of_a_kernel_op_the_data_does_not_know_is_a_warning():
+    new = """
+    import torch
+
+
+    class XPUInt2LinearMethod:
+        def METHOD(self, layer, x, bias=None):
+            return torch.ops._xpu_C.int2_gemm_brand_new(x, layer.weight)
+    """
+    traced = _tree(xpu_new=new.replace("METHOD", "apply"))
+    truth = schematruth.check(traced, "9.9.9", data=_data(TRUTHS))
+    assert [(c.op, c.file, c.line) for c in truth.unknown] == [
+        ("_xpu_C::int2_gemm_brand_new", "vllm/xpu_new.py", 7)
+    ]
+    assert any("not in the data: not checked" in x for x in schematruth.lines(truth))
+    # negative control: called in set-up only, it is not on the traced path
+    setup = _tree(xpu_new=new.replace("METHOD", "process_weights_after_loading"))
+    assert schematruth.check(setup, "9.9.9", data=_data(TRUTHS)).unknown == []

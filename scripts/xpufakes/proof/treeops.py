@@ -488,9 +488,10 @@ def _decorated(module, node, path, module_strings, regs, fakes) -> None:
 
 def candidates(texts: dict[str, str], known: Known) -> list[str]:
     """The paths whose text may call an op the search knows (a necessary
-    condition): those naming `torch.ops.<ns>` of a known namespace with one
-    of its ops, or a package; then those naming a module that re-exports
-    one of those (its text binds a package's name, or torch.ops.<ns>)."""
+    condition): those naming `torch.ops.<ns>.` of a known namespace (vLLM's
+    own: with one of the ops looked for), or a package; then those naming a
+    module that re-exports one of those (its text binds a package's name,
+    or torch.ops.<ns>)."""
     by_namespace: dict[str, set[str]] = {}
     for op in known.schemas:
         ns, name = op.split("::")
@@ -498,7 +499,8 @@ def candidates(texts: dict[str, str], known: Known) -> list[str]:
     first = []
     for path, text in texts.items():
         if any(p in text for p in known.packages) or any(
-            f"ops.{ns}" in text and any(n in text for n in names)
+            f"ops.{ns}." in text
+            and (ns != "vllm" or any(f"ops.vllm.{n}" in text for n in names))
             for ns, names in by_namespace.items()
         ):
             first.append(path)
@@ -532,7 +534,7 @@ def calls(
     found: list[Call] = []
     for path in paths:
         text = tree.texts[path]
-        if not any(n in text for n in interesting):
+        if "ops." not in text and not any(n in text for n in interesting):
             continue
         module = tree.module(module_name(path))
         if module is None:
@@ -547,7 +549,7 @@ def calls(
             dotted = natives.dotted(node.func)
             last = dotted.rsplit(".", 1)[-1]
             head = dotted.split(".")[0]
-            if last not in interesting:
+            if last not in interesting and ".ops." not in f".{dotted}":
                 if head == "self" and dotted.count(".") == 1:
                     if attr_words is None:
                         attr_words = _attr_words(module, interesting)
