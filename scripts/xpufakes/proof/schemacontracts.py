@@ -135,6 +135,9 @@ HEADER = """\
 #   source          the schema and the evidence (the C++, file:line)
 #   trees, sites    the trees whose traced path reaches it, and where
 #
+# A callee whose contract differs between trees (another release's
+# parameters) has one entry per contract: "<callee>#2", ...
+#
 # Written by `make schema-contracts TREES="<tree> ..."`
 # (proof/schemacontracts.py) from schema truth on those trees; do not edit.
 """
