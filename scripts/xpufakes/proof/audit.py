@@ -209,6 +209,10 @@ class Result:
         ]
         if self.truth is not None:
             said += [f"{c.op}: schema unknown" for c in self.truth.unknown]
+            said += [
+                f"{c.op}: returns an alias, refused by functionalization"
+                for c in self.truth.refused
+            ]
             said += self.truth.warnings
         if self.plugin is not None:
             said += [f"the vLLM plugin: {c}" for c in self.plugin.cautions]

@@ -107,6 +107,9 @@ class Truth:
     unknown: list[treeops.Call]  # traced calls of ops without a known schema
     sources: list[str]  # which schema data, which image commit
     warnings: list[str]
+    # traced calls of kernel ops whose schema returns an alias (Tensor(a!)),
+    # which functionalization refuses for a custom op: compiling them fails
+    refused: list[treeops.Call] = field(default_factory=list)
     seconds: float = 0.0  # wall clock
     cpu_seconds: float = 0.0  # this process's CPU time
 
@@ -281,7 +284,7 @@ def check(
         op: s for op, s in wanted.items() if facts[op].own is None or op in own_lying
     }
     known = treeops.Known(wanted, wrappers, packages)
-    calls = treeops.calls(source, treeops.candidates(texts, known), known)
+    calls = treeops.calls(source, treeops.candidates(source, known), known)
     by_op: dict[str, list[treeops.Call]] = {}
     for call in calls:
         by_op.setdefault(call.op, []).append(call)
@@ -292,6 +295,8 @@ def check(
         for ns in {op.split("::")[0] for op in facts}
         if any(f"ops.{ns}" in t for t in texts.values())
     }
+    if packages:  # the package's ops, loaded with it
+        loaded |= {w.op.split("::")[0] for w in wrappers.values()}
     for op, f in sorted(facts.items()):
         called = op in by_op
         if not called and f.own is None and not (f.returns or f.writes):
@@ -307,8 +312,19 @@ def check(
         for c in calls
         if c.op not in facts and c.op.split("::")[0] in kernel_namespaces
     ]
-    unknown = _place(lying, by_op, unknown, texts, source)
+    # a kernel op whose schema declares an alias return (`-> Tensor(a!)`):
+    # functionalization refuses a custom op with one
+    aliasing = [
+        c
+        for c in calls
+        if c.op in facts
+        and facts[c.op].own is None
+        and facts[c.op].schema.returned_aliases()
+    ]
+    reached = _place(lying, by_op, unknown + aliasing, texts, source)
+    unknown = [c for c in unknown if c in reached]
     truth = Truth(lying, checked, unknown, sources, warnings)
+    truth.refused = [c for c in aliasing if c in reached]
     truth.seconds = time.monotonic() - start
     truth.cpu_seconds = time.process_time() - cpu
     return truth
@@ -817,6 +833,13 @@ def lines(truth: Truth) -> list[str]:
                 said.append(
                     f"    {c.file}:{c.line} {c.function}{via} [not compiled: {why}]"
                 )
+    for call in truth.refused:
+        said.append(
+            f"warn: {call.op}: called on the traced path ({call.file}:{call.line}) "
+            "and its schema returns an alias (Tensor(a!)): functionalization "
+            "refuses a custom op whose output has an alias annotation (torch "
+            "2.13), so compiling it fails (loud, not wrong)"
+        )
     for call in truth.unknown:
         said.append(
             f"warn: {call.op}: called on the traced path ({call.file}:{call.line}) "
@@ -837,6 +860,7 @@ def to_json(truth: Truth) -> dict:
         "cpu_seconds": round(truth.cpu_seconds, 2),
         "warnings": truth.warnings,
         "unknown": [f"{c.op} {c.file}:{c.line}" for c in truth.unknown],
+        "alias_returns_refused": [f"{c.op} {c.file}:{c.line}" for c in truth.refused],
         "ops": [
             {
                 "op": o.op,

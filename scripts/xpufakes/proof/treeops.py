@@ -486,12 +486,13 @@ def _decorated(module, node, path, module_strings, regs, fakes) -> None:
 # ---------------------------------------------------------------------------
 
 
-def candidates(texts: dict[str, str], known: Known) -> list[str]:
+def candidates(tree: SourceTree, known: Known) -> list[str]:
     """The paths whose text may call an op the search knows (a necessary
     condition): those naming `torch.ops.<ns>.` of a known namespace (vLLM's
     own: with one of the ops looked for), or a package; then those naming a
-    module that re-exports one of those (its text binds a package's name,
-    or torch.ops.<ns>)."""
+    module among them that re-exports at module level a package's name or
+    an op (`f = _esimd.f`, `from pkg import f`, `op = torch.ops.ns.op`)."""
+    texts = tree.texts
     by_namespace: dict[str, set[str]] = {}
     for op in known.schemas:
         ns, name = op.split("::")
@@ -504,13 +505,19 @@ def candidates(texts: dict[str, str], known: Known) -> list[str]:
             for ns, names in by_namespace.items()
         ):
             first.append(path)
-    exporters = {
-        module_name(p).rsplit(".", 1)[-1]
-        for p in first
-        if any(p_ in texts[p] for p_ in known.packages)
-        or re.search(r"^\w+\s*=\s*[\w.]*ops\.\w+", texts[p], re.M)
-    }
-    exporters -= {"__init__", "ops", "utils"}
+    reaching = (*known.packages, *(f"torch.ops.{ns}" for ns in by_namespace))
+    exporters = set()
+    for path in first:
+        module = tree.module(module_name(path))
+        if module is None:
+            continue
+        bound = list(module.imports.values())
+        for values in module.alias_values.values():
+            for value in values:
+                dotted = natives.dotted(value.args[0] if _is_getattr(value) else value)
+                bound += module.qualify_all(dotted) if dotted else []
+        if any(b.startswith(reaching) for b in bound):
+            exporters.add(module.name.rsplit(".", 1)[-1])
     chosen = set(first)
     more = [
         p
@@ -519,6 +526,14 @@ def candidates(texts: dict[str, str], known: Known) -> list[str]:
         and any(n in t and re.search(rf"\b{re.escape(n)}\b", t) for n in exporters)
     ]
     return first + more
+
+
+def _is_getattr(value: ast.expr) -> bool:
+    return (
+        isinstance(value, ast.Call)
+        and natives.dotted(value.func) == "getattr"
+        and bool(value.args)
+    )
 
 
 def calls(
@@ -531,10 +546,14 @@ def calls(
     modules at `paths` (`only`: in these (module, qualname) functions)."""
     resolver = Resolver(tree, known)
     interesting = known.names()
+    namespaces = {op.split("::")[0] for op in known.schemas}
+    spelled = tuple(f"ops.{ns}." for ns in namespaces)
     found: list[Call] = []
     for path in paths:
         text = tree.texts[path]
-        if "ops." not in text and not any(n in text for n in interesting):
+        if not any(w in text for w in spelled) and not any(
+            n in text for n in interesting
+        ):
             continue
         module = tree.module(module_name(path))
         if module is None:
@@ -549,7 +568,7 @@ def calls(
             dotted = natives.dotted(node.func)
             last = dotted.rsplit(".", 1)[-1]
             head = dotted.split(".")[0]
-            if last not in interesting and ".ops." not in f".{dotted}":
+            if last not in interesting and not any(w in dotted for w in spelled):
                 if head == "self" and dotted.count(".") == 1:
                     if attr_words is None:
                         attr_words = _attr_words(module, interesting)
@@ -562,6 +581,8 @@ def calls(
                 if got is None:
                     continue
                 op, wrapper = got
+                if op not in known.schemas and op.split("::")[0] not in namespaces:
+                    continue
                 call = _call(
                     op, wrapper, node, function, path, module, qual, dotted, known
                 )
