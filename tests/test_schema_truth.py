@@ -516,3 +516,16 @@ def test_a_traced_call_of_a_kernel_op_the_data_does_not_know_is_a_warning():
     # negative control: called in set-up only, it is not on the traced path
     setup = _tree(xpu_new=new.replace("METHOD", "process_weights_after_loading"))
     assert schematruth.check(setup, "9.9.9", data=_data(TRUTHS)).unknown == []
+
+
+def test_a_traced_call_of_an_op_returning_a_declared_alias_is_a_warning():
+    """Truthful, `-> Tensor(a!)` is refused by functionalization for a custom
+    op (tests/test_schema_truth_compile.py): a warning where it is traced."""
+    truthful = schematruth.check(_tree(), "9.9.9", data=_data(TRUTHS))
+    assert [(c.op, c.line) for c in truthful.refused] == [(GEMM, 19)]
+    returns_nothing = TRUTHS | {
+        "GEMM": "toy_gemm(Tensor input, Tensor weight, Tensor(a!) output) -> ()"
+    }
+    assert (
+        schematruth.check(_tree(), "9.9.9", data=_data(returns_nothing)).refused == []
+    )
