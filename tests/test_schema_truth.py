@@ -529,3 +529,13 @@ def test_a_traced_call_of_an_op_returning_a_declared_alias_is_a_warning():
     assert (
         schematruth.check(_tree(), "9.9.9", data=_data(returns_nothing)).refused == []
     )
+
+
+def test_mutates_args_the_source_does_not_spell_out_is_said_not_guessed():
+    named = _tree(toy_ops=OWN.replace("MUTATES", "\n    mutates_args=MUTATED,"))
+    truth = schematruth.check(named, "9.9.9", data=_data(TRUTHS))
+    assert "vllm::toy_sample" not in {o.op for o in truth.ops}
+    (said,) = [w for w in truth.warnings if "vllm::toy_sample" in w]
+    assert said.endswith("its mutates_args is not a literal: not checked")
+    given = _tree(toy_ops=OWN.replace("MUTATES", '\n    mutates_args=["out"],'))
+    assert schematruth.check(given, "9.9.9", data=_data(TRUTHS)).warnings == []
