@@ -43,7 +43,7 @@ LAYERS = {
     # the proof and the audit
     "proof": [
         "reach standins proofpython models plugin",
-        "treeops",
+        "treeops pathconditions",
         "schematruth",
         "quantize_convert_standin transformers_pin",
         "scan loading modelproof",
