@@ -21,7 +21,7 @@ export XPUFAKES_VLLM
 unexport VLLM
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status plugin fetch fetch-all pins ops refresh overlay-history export stage verify-xpu audit bench test \
+.PHONY: help apply check revert status plugin fetch fetch-all pins ops esimd-schemas schema-contracts refresh overlay-history export stage verify-xpu audit bench test \
 	test-all test-tree venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
 
 help:  ## list the verbs
@@ -70,6 +70,14 @@ pins:  ## list the supported releases and their series
 
 ops:  ## write the copies of the op facts (data/fakes.toml, op_schemas.toml) where they stand
 	@$(TOOL) ops
+
+esimd-schemas:  ## maintainers: data/esimd_schemas.toml from an intel/llm-scaler git dir (GIT=dir [COMMITS="b18beee ..."])
+	@test -n "$(GIT)" || { echo "error: give the intel/llm-scaler git dir: GIT=dir" >&2; exit 2; }
+	@$(TOOL) esimd-schemas "$(GIT)" $(COMMITS)
+
+schema-contracts:  ## maintainers: data/schema_contracts.toml, the fix's contracts of the ops whose schemas lie (TREES="tree ...")
+	@test -n "$(TREES)" || { echo "error: give the trees: TREES=\"dir ...\"" >&2; exit 2; }
+	@$(TOOL) schema-contracts $(TREES)
 
 refresh:  ## rewrite patches/ and pins.toml from the recipes and the sdists
 	@$(TOOL) refresh

@@ -19,7 +19,7 @@ PACKAGE = tool.SCRIPTS / "xpufakes"
 LAYERS = {
     # plain helpers, nothing of the tool's own
     "common": [
-        "errors paths progress streams",
+        "errors paths progress streams opschema",
         "ops",
         "transaction isolated",
         "children",
@@ -28,7 +28,7 @@ LAYERS = {
     # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
     "trees": [
         "index natives",
-        "pins wheel pysource",
+        "pins wheel pysource kernelcxx",
         "pinfacts",
         "record fetch",
         "tree compiled",
@@ -37,16 +37,18 @@ LAYERS = {
     "changes": [
         "unidiff selection lock recipes",
         "series history",
-        "engine kernels export opfacts",
+        "engine kernels export opfacts esimdfacts",
         "base live authoring",
     ],
     # the proof and the audit
     "proof": [
         "reach standins proofpython models plugin",
+        "treeops pathconditions",
+        "schematruth",
         "quantize_convert_standin transformers_pin",
         "scan loading modelproof",
         "modeltrace",
-        "audit verify",
+        "audit verify schemacontracts",
         "prove testcases",
     ],
     # taking the fix upstream

@@ -261,3 +261,67 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
     if "VLLM_QUANTIZE_Q40_LIB" in (tree / "vllm" / "envs.py").read_text():
         # the image's own online int4 (sym_int4) is built and traced
         assert ("qwen3_sym_int4", "default") in traced, after
+
+
+# Schema truth on the image's own tree (proof/schematruth.py): b18beee's
+# ESIMD ops whose schemas hide their writes, which its 0.21.0 tree calls on
+# the traced path, found with their evidence; and the committed data of the
+# package is what `make esimd-schemas` reads from the clone.
+
+BLOCK_FP8 = "custom_esimd_kernels_vllm::esimd_gemm_fp8_blockscale"
+
+
+def test_esimd_schema_data_is_what_the_clone_says():
+    from xpufakes.changes import esimdfacts
+
+    committed = esimdfacts.load()
+    assert "b18beee" in committed
+    for short, facts in committed.items():
+        assert esimdfacts.read(Path(GIT_DIR), short) == facts, short
+    # negative control: another image commit's package is not the same
+    older = esimdfacts.read(Path(GIT_DIR), "0a85564")
+    assert older["vllm"] == "0.14.0" and committed["b18beee"]["vllm"] == "0.21.0"
+    assert older["ops"] != committed["b18beee"]["ops"]
+
+
+def test_b18beee_schema_truth(tmp_path):
+    from xpufakes.proof import schematruth
+
+    tree = rebuild("b18beee", tmp_path / "b18beee")
+    done = tool.run("audit", str(tree), "--json", "--static")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)["schema_truth"]
+    assert report["sources"][1].startswith(
+        "data/esimd_schemas.toml: llm-scaler b18beee"
+    )
+    failing = {o["op"]: o for o in report["ops"] if o["failing"]}
+    esimd = [op for op in failing if op.startswith("custom_esimd_kernels_vllm::")]
+    assert len(esimd) == 20, sorted(esimd)
+    block = failing[BLOCK_FP8]
+    kinds = {(x["kind"], x["argument"]) for x in block["lies"]}
+    assert kinds == {("a", "output"), ("b", "output"), ("d", "output")}, kinds
+    (a,) = [x for x in block["lies"] if x["kind"] == "a"]
+    assert "returns it (csrc/xpu/esimd_kernel_gemm.sycl:138)" in a["evidence"]
+    site = "vllm/model_executor/kernels/linear/scaled_mm/xpu_block.py:162"
+    assert f"{site} drops the result and reads `out` after (line 163)" in a["evidence"]
+    (call,) = [s for s in block["sites"] if f"{s['file']}:{s['line']}" == site]
+    assert call["configurations"] == ["default"]
+    assert "N % block_n != 0 [weight shape]" in call["when"], call["when"]
+    norm = failing["custom_esimd_kernels_vllm::esimd_norm_add_norm"]
+    assert ("c", "") in {(x["kind"], x["argument"]) for x in norm["lies"]}
+    # negative control: the tree's fake of the block GEMM made to return its
+    # `output`, as the kernel does: no (d) for it
+    texts = xtree.python_sources(tree)
+    fakes = "vllm/model_executor/layers/esimd_fake_ops.py"
+    wrong = (
+        "lambda input, weight, weight_scale, output, block_n, block_k:\n"
+        "                  torch.empty_like(output))"
+    )
+    assert wrong in texts[fakes]
+    texts[fakes] = texts[fakes].replace(
+        wrong,
+        "lambda input, weight, weight_scale, output, block_n, block_k:\n"
+        "                  output)",
+    )
+    fixed = {o.op: o for o in schematruth.check(texts, "0.21.0").ops}
+    assert {x.kind for x in fixed[BLOCK_FP8].lies} == {"a", "b"}

@@ -10,10 +10,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from xpufakes.changes import authoring, export, history, opfacts, selection
+from xpufakes.changes import authoring, esimdfacts, export, history, opfacts, selection
 from xpufakes.common import errors, streams
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import audit, verify
+from xpufakes.proof import audit, schemacontracts, verify
 from xpufakes.trees import fetch, pins, tree
 from xpufakes.verbs import apply, outcome, revert, status, treeexport, treetest
 from xpufakes.verbs.pipeline import Committed
@@ -161,6 +161,18 @@ def cmd_ops(args) -> int:
     return errors.OK
 
 
+def cmd_esimd_schemas(args) -> int:
+    path, commits = esimdfacts.write(Path(args.git_dir), args.commits)
+    print(f"wrote {path}: {', '.join(commits)}")
+    return errors.OK
+
+
+def cmd_schema_contracts(args) -> int:
+    path, count = schemacontracts.write(args.trees)
+    print(f"wrote {path}: {count} contract(s)")
+    return errors.OK
+
+
 def cmd_refresh(args) -> int:
     for variant in authoring.refresh():
         print(f"{variant.series}: {', '.join(variant.releases)}")
@@ -274,6 +286,19 @@ def _parser() -> argparse.ArgumentParser:
     verb("test-tree", cmd_test_tree, "run the fakes' in-tree tests", vllm, rest)
     verb("overlay-history", cmd_overlay_history, "record the overlay's versions")
     verb("ops", cmd_ops, "write the op facts' copies from the registry")
+    verb(
+        "esimd-schemas",
+        cmd_esimd_schemas,
+        "write data/esimd_schemas.toml from an intel/llm-scaler git dir",
+        ("git_dir", {"metavar": "GIT_DIR"}),
+        ("commits", {"nargs": "*", "metavar": "COMMIT"}),
+    )
+    verb(
+        "schema-contracts",
+        cmd_schema_contracts,
+        "write data/schema_contracts.toml from schema truth on the trees given",
+        ("trees", {"nargs": "+", "metavar": "VLLM"}),
+    )
     verb("refresh", cmd_refresh, "rewrite patches/ and pins.toml from the sdists")
     return parser
 

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from xpufakes.changes import base, kernels
-from xpufakes.common import isolated, paths
+from xpufakes.common import isolated, opschema, paths
 from xpufakes.common.errors import Refusal
 from xpufakes.common.ops import IPEX_WOQ, NAMESPACES, WRAPPER_OPS
-from xpufakes.proof import modelproof, reach, scan
+from xpufakes.proof import modelproof, reach, scan, schematruth
 from xpufakes.proof import plugin as installed_plugin
 from xpufakes.proof.scan import IF_ENABLED, TRACED, CallSite
 from xpufakes.trees import pins, tree
@@ -63,6 +63,8 @@ class OpReport:
         if self.returns_tensor is None:
             return "unknown schema"
         if not self.returns_tensor:
+            if not opschema.parse(self.schema).marked and "(" in self.schema:
+                return "lies: returns nothing and marks nothing (see schema truth)"
             return "ok (no tensor returned)"
         if self.fake == "none":
             return "FAIL: no fake" if self.traced else "warn: no fake"
@@ -176,6 +178,7 @@ class Result:
     untraceable: list[reach.Finding]
     models: list[dict] | None = None  # MODEL=: each model proof's result
     plugin: "PluginReport | None" = None  # the installed vLLM plugin
+    truth: "schematruth.Truth | None" = None  # schema truth (schematruth.py)
 
     @property
     def reached(self) -> list[reach.Finding]:
@@ -187,7 +190,33 @@ class Result:
     @property
     def failing(self) -> bool:
         model_fails = any(modelproof.failing(m) for m in self.models or [])
-        return any(r.failing for r in self.reports) or bool(self.reached) or model_fails
+        lies = bool(self.truth and self.truth.failing)
+        return (
+            any(r.failing for r in self.reports)
+            or bool(self.reached)
+            or model_fails
+            or lies
+        )
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the audit could not check or only partly: no summary says OK
+        above one."""
+        said = [
+            f"{r.op}: {r.verdict}"
+            for r in self.reports
+            if r.verdict.startswith(("warn", "unknown", "unverified", "lies"))
+        ]
+        if self.truth is not None:
+            said += [f"{c.op}: schema unknown" for c in self.truth.unknown]
+            said += [
+                f"{c.op}: returns an alias, refused by functionalization"
+                for c in self.truth.refused
+            ]
+            said += self.truth.warnings
+        if self.plugin is not None:
+            said += [f"the vLLM plugin: {c}" for c in self.plugin.cautions]
+        return said
 
 
 def run(
@@ -243,7 +272,8 @@ def audit(
     untraceable calls should start from, where they can; `installed`: the
     vLLM plugin installed with it, which registers in the dynamic part)."""
     sources = tree.python_sources(found.root)
-    sites, declared = scan.scan(sources)
+    parsed: dict = {}  # each file parsed once: the scan, reach, schema truth
+    sites, declared = scan.scan(sources, parsed=parsed)
     standins = standins or kernels_of(found)
     standins = kernels.standins(standins, kernels.is_mixed(standins, sources))
     directory = installed.directory if installed else None
@@ -251,8 +281,9 @@ def audit(
         check_fakes(found.root, standins, directory) if dynamic else ({}, None)
     )
     ipex = kernels.IPEX in standins
-    untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex)
+    untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex, parsed=parsed)
     result = Result(standins, reports(sites, declared, checked, state), untraceable)
+    result.truth = schematruth.check(sources, _version(found), parsed)
     if installed is not None:
         cautions = [
             c
@@ -266,6 +297,13 @@ def audit(
             cautions.append("not loaded (--static): what it does is not checked")
         result.plugin = PluginReport(installed, state or {}, cautions)
     return result
+
+
+def _version(found: tree.Tree) -> str:
+    try:
+        return tree.detect_version(found)[0]
+    except Refusal:
+        return ""
 
 
 def reports(
@@ -347,9 +385,17 @@ def table(found: tree.Tree, result: Result) -> str:
     lines += ["", *untraceable_lines(result.untraceable, covered)]
     if result.plugin is not None:
         lines += ["", *result.plugin.lines()]
+    if result.truth is not None:
+        lines += ["", *schematruth.lines(result.truth)]
     failing = [r.op for r in reports if r.failing]
     reached = result.reached
+    lies = result.truth.failing if result.truth is not None else []
     lines.append("")
+    if lies:
+        lines.append(
+            f"FAIL: {len(lies)} op(s) whose schema lies about what the kernel "
+            "writes or returns, on the traced path: " + ", ".join(o.op for o in lies)
+        )
     if failing:
         lines.append(
             f"FAIL: {len(failing)} traced op(s) without a conformant fake: "
@@ -361,8 +407,16 @@ def table(found: tree.Tree, result: Result) -> str:
             f"FAIL: {len(reached)} call(s) on the traced path that Dynamo cannot "
             f"trace: {callees}"
         )
-    if not failing and not reached:
+    warnings = result.warnings
+    if not failing and not reached and not lies and warnings:
+        lines.append(
+            f"WARN: nothing on the traced path fails, but {len(warnings)} "
+            "thing(s) were not checked or lie elsewhere: " + "; ".join(warnings)
+        )
+    elif not failing and not reached and not lies:
         rebound = [f for f in result.untraceable if f.reached and f.callee in covered]
+        truth = result.truth
+        elsewhere = len(truth.ops) if truth is not None else 0
         lines.append(
             "OK: every traced tensor-returning op has a conformant fake "
             f"({len(reports)} ops seen), and no call on the traced path is one "
@@ -371,6 +425,13 @@ def table(found: tree.Tree, result: Result) -> str:
                 f"tree; the {len(rebound)} reached are rebound by the plugin)"
                 if rebound
                 else "tree, none reached)"
+            )
+            + (
+                f", and no op's schema lies on the traced path ({truth.checked} "
+                "ops checked"
+                + (f"; {elsewhere} lie off it, listed above)" if elsewhere else ")")
+                if truth is not None
+                else ""
             )
         )
     for model in result.models or []:
@@ -441,6 +502,12 @@ def to_json(found: tree.Tree, result: Result) -> str:
                 if result.plugin is not None
                 else {}
             ),
+            **(
+                {"schema_truth": schematruth.to_json(result.truth)}
+                if result.truth is not None
+                else {}
+            ),
+            "warnings": result.warnings,
             "ok": not result.failing,
         },
         indent=2,

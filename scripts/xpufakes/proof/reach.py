@@ -735,6 +735,17 @@ def find(
     return findings
 
 
+def explain(
+    texts: dict[str, str], functions: list[tuple[str, str]], parsed: dict | None = None
+) -> dict[tuple[str, str], Finding]:
+    """(module, qualname) -> whether the traced path reaches code in that
+    function, as find's findings say it (configurations, entry, chain from
+    the entry down, the function last): schematruth.py asks it of the
+    functions that call an op."""
+    search = _Search(texts, set(), parsed)
+    return {f: _explain(search, _Func(*f), "", False) for f in functions}
+
+
 def _explain(search: _Search, func: _Func, prefer: str, upwards: bool) -> Finding:
     """Search backwards from a function that holds sinks to the entries: a
     Finding whose callee, kind and site are to be filled in (Finding.at)."""
