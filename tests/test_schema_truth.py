@@ -452,6 +452,26 @@ def test_upstream_sampler_and_the_aliasing_gemm_named_and_placed(upstream):
     ast.parse(fixed[path])
 
 
+def test_a_known_lie_is_a_warning_and_exactly_as_listed(upstream, monkeypatch):
+    """data/known_lies.toml: each entry is a traced lie of the pinned 0.33.0
+    with exactly the kinds listed (a stale entry fails here); a listed lie
+    is a WARN, not an OK and not a FAIL. Negative controls: the list
+    without the entry, or with another kind, makes the same lie fail."""
+    _, _, truth = upstream
+    known = schematruth.known_lies()
+    found = {o.op: o for o in truth.ops}
+    for op, entry in known.items():
+        assert op in found and found[op].traced, op
+        assert sorted({x.kind for x in found[op].lies}) == sorted(entry["kinds"])
+        assert found[op].known == entry["why"] and not found[op].failing
+    assert {o.op for o in truth.known} == set(known)
+    monkeypatch.setattr(schematruth, "known_lies", lambda: {})
+    assert {o.op for o in truth.failing} >= set(known)
+    other = {op: dict(e, kinds=["a"]) for op, e in known.items()}
+    monkeypatch.setattr(schematruth, "known_lies", lambda: other)
+    assert {o.op for o in truth.failing} >= set(known)
+
+
 # ---------------------------------------------------------------------------
 # The fix's contracts (proof/schemacontracts.py, data/schema_contracts.toml)
 # ---------------------------------------------------------------------------

@@ -214,6 +214,11 @@ class Result:
                 for c in self.truth.refused
             ]
             said += self.truth.warnings
+            said += [
+                f"{o.op}: its schema lies on the traced path, compiled may differ "
+                f"from eager (known, not fixed yet: {o.known})"
+                for o in self.truth.known
+            ]
         if self.plugin is not None:
             said += [f"the vLLM plugin: {c}" for c in self.plugin.cautions]
         return said

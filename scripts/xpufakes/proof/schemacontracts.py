@@ -37,7 +37,7 @@ def _op_name(op: str) -> str:
 def contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
     """callee -> its contract, for each lying op a traced call reaches."""
     found: dict[str, dict] = {}
-    for o in truth.failing:
+    for o in (o for o in truth.ops if o.traced):
         schema = o.facts.schema
         hidden = {x.argument for x in o.lies if x.kind == "a"}
         mutates = [a.name for a in schema.args if a.writes or a.name in hidden]
