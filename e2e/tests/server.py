@@ -41,6 +41,10 @@ PLUGIN_LINE = re.compile(
 )
 
 
+# vLLM 0.14.1 colours its stdout prefix unless NO_COLOR is set
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def plugin_lines(log: str, marker: str = "vllm-xpu-fakes: ") -> list[dict]:
     """The plugin's lines in a vLLM log (vLLM's format with PID_PREFIX), in
     order, each {pid, prefix, level, text, seconds, line}; a line with the
@@ -48,7 +52,7 @@ def plugin_lines(log: str, marker: str = "vllm-xpu-fakes: ") -> list[dict]:
     on it)."""
     found = []
     for line in log.splitlines():
-        line = line.rstrip("\r")
+        line = ANSI.sub("", line.rstrip("\r"))
         if marker not in line:
             continue
         m = PLUGIN_LINE.match(line)
