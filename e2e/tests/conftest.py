@@ -83,7 +83,13 @@ def _release_of(item) -> str:
     params = callspec.params if callspec else {}
     c = params.get("case")
     rel = c.release if c else ""
-    for name in ("release", "recipe_release", "serve_release", "orders_release"):
+    for name in (
+        "release",
+        "recipe_release",
+        "serve_release",
+        "orders_release",
+        "front_end_release",
+    ):
         rel = params.get(name, rel)
     return rel
 
