@@ -23,10 +23,13 @@ each step's results are kept, and the tests assert on them.
    ``--tensor-parallel-size 2``, requests with token ids, ``make revert``.
 
 A step that fails records why and the later steps that need it are skipped;
-the venv is reverted whatever happens.
+the venv is reverted whatever happens. ``XPUFAKES_E2E_STOP_AFTER=plugin``
+stops each sequence after step 2 (to run the plugin's tests alone: ``make
+e2e ARGS="-k plugin"``); the tests of the later steps skip.
 """
 
 import json
+import os
 import subprocess
 import time
 import traceback
@@ -40,6 +43,7 @@ from engine import MAX_TOKENS, PROMPTS, SEQUENCES, Engine, engine_env, timed
 SERVE_TP = server.TP
 TP2_BINDING = server.TP2_BINDING
 
+STOP_AFTER = "XPUFAKES_E2E_STOP_AFTER"
 FRONT_END = engine.REPO / "e2e" / "engine" / "front_end.py"
 # The plugin's line as the plugin logged it before say.py (the negative
 # control), and the line of vLLM's the front end logs after its set-up.
@@ -110,6 +114,8 @@ class Scenario:
         self._step("plugin", self._plugin)
         if self.errors.get("plugin") and self.engine.manifest_diff():
             return self  # the venv is not as built: nothing else can run
+        if os.environ.get(STOP_AFTER) == "plugin":
+            return self  # the later steps' tests skip ("did not run")
         # eager first: an eager LLM built after a compiled start-up that
         # failed in the same process is not the same as a fresh one (measured:
         # 0.07 nats apart on 0.14.1), after one that worked it is
