@@ -6,16 +6,31 @@ The package is this directory's `vllm_xpu_fakes/` plus the overlay's modules
 shipped as they are except for the one import that names the package they
 live in (`from vllm._xpu_gemm_fakes import` becomes `from
 vllm_xpu_fakes._xpu_gemm_fakes import`): one source for both ways in.
-`tests/test_plugin.py` checks that the two cannot differ. An sdist carries
-the shipped copies, so a wheel built from it is the same.
+`tests/test_plugin.py` checks that the two cannot differ.
 
-The wheel is reproducible: fixed timestamps and modes, files in order.
+The .dist-info carries the repository's LICENSE (`licenses/LICENSE`,
+`License-File: LICENSE`, core metadata 2.4), and METADATA's description is
+the plugin's page, `docs/plugin.md`, made to read on a package index: a
+link to a relative path (nothing on an index resolves it) becomes its text
+followed by the repository path it names, in parentheses; an anchor in the
+page becomes its text; an absolute link is kept; a reference-style link to
+a relative path is refused (write it inline). A closing line says which
+repository's paths those are. pyproject.toml lists `readme` in `dynamic`.
+
+An sdist carries the shipped copies, LICENSE and the description
+(README.md) in its root, and its PKG-INFO; a wheel built from it (the
+directory has a PKG-INFO) takes them from there, so it is the same wheel.
+
+The wheel and the sdist are reproducible: fixed timestamps and modes, files
+in order.
 """
 
 import base64
+import gzip
 import hashlib
 import io
 import os
+import posixpath
 import re
 import tarfile
 import zipfile
@@ -23,13 +38,25 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = "vllm_xpu_fakes"
-OVERLAY = HERE.parent / "vllm_overlay" / "vllm"
+# Built from an unpacked sdist (which has a PKG-INFO), or from the checkout
+# (plugin/, the repository around it).
+FROM_SDIST = (HERE / "PKG-INFO").is_file()
+REPO = HERE.parent
+OVERLAY = REPO / "vllm_overlay" / "vllm"
 # The overlay's modules the plugin ships, and the import each may contain
 # that names the vLLM package they are installed in.
 SHIPPED = ("_xpu_gemm_fakes.py", "_ipex_woq_linear.py", "_xpu_opaque_calls.py")
 OVERLAY_IMPORT = "from vllm._xpu_gemm_fakes import "
 PLUGIN_IMPORT = f"from {PACKAGE}._xpu_gemm_fakes import "
 DATE = (1980, 1, 1, 0, 0, 0)  # the earliest a zip file can say
+LICENSE = "LICENSE"  # the repository's; .dist-info/licenses/LICENSE
+PAGE = "docs/plugin.md"  # the description's source, in the repository
+README = "README.md"  # the description, as an sdist carries it
+DESCRIPTION_TYPE = "text/markdown"
+CLOSING = (
+    f"\n---\n\nThis page is `{PAGE}` of the vllm-xpu-fakes repository;"
+    " the paths and `make` targets it names are the repository's.\n"
+)
 
 
 def _sections() -> dict[str, dict[str, str]]:
@@ -66,10 +93,50 @@ def project() -> dict:
 def shipped(name: str) -> bytes:
     """An overlay module as the plugin ships it (from the checkout, or from
     the package itself when building from an sdist)."""
-    source = OVERLAY / name
-    if not source.is_file():
+    if FROM_SDIST:
         return (HERE / PACKAGE / name).read_bytes()
+    source = OVERLAY / name
     return source.read_text().replace(OVERLAY_IMPORT, PLUGIN_IMPORT).encode()
+
+
+def license_text() -> bytes:
+    """The repository's LICENSE (an sdist's own copy when building from it)."""
+    return ((HERE if FROM_SDIST else REPO) / LICENSE).read_bytes()
+
+
+_LINK = re.compile(r"(!?)\[([^\]]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?([^\s>]+)", re.MULTILINE)
+_ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # a URL scheme
+
+
+def _on_an_index(match: re.Match) -> str:
+    _, text, target = match.groups()
+    if _ABSOLUTE.match(target):
+        return match.group(0)
+    path = target.partition("#")[0]
+    if not path:  # an anchor in the page
+        return text
+    where = posixpath.normpath(posixpath.join(posixpath.dirname(PAGE), path))
+    return f"{text} (`{where}`)"
+
+
+def index_page(page: str) -> str:
+    """The plugin's page as the wheel's description (the module's
+    docstring says how)."""
+    for target in _REFERENCE.findall(page):
+        if not _ABSOLUTE.match(target):
+            raise ValueError(
+                f"{PAGE}: a reference-style link to {target!r}, a relative path:"
+                " write it inline (the description turns it into its text)"
+            )
+    return _LINK.sub(_on_an_index, page).rstrip("\n") + "\n" + CLOSING
+
+
+def description() -> str:
+    """The wheel's description (an sdist's README.md when building from it)."""
+    if FROM_SDIST:
+        return (HERE / README).read_text(encoding="utf-8")
+    return index_page((REPO / PAGE).read_text(encoding="utf-8"))
 
 
 def package_files() -> dict[str, bytes]:
@@ -88,25 +155,31 @@ def _dist_info(meta: dict) -> str:
 
 
 def metadata_files(meta: dict) -> dict[str, bytes]:
+    """The .dist-info's files but RECORD. Core metadata 2.4 (PEP 639):
+    License-Expression (not License, which 2.4 says not to give with it),
+    License-File; the description is METADATA's body."""
     lines = [
-        "Metadata-Version: 2.1",
+        "Metadata-Version: 2.4",
         f"Name: {meta['name']}",
         f"Version: {meta['version']}",
         f"Summary: {meta['description']}",
-        f"License: {meta['license']}",
+        f"License-Expression: {meta['license']}",
+        f"License-File: {LICENSE}",
         f"Requires-Python: {meta['requires-python']}",
+        f"Description-Content-Type: {DESCRIPTION_TYPE}",
     ]
     entry_points = []
     for group, points in meta["entry_points"].items():
         entry_points += [f"[{group}]", *(f"{k} = {v}" for k, v in points.items())]
     info = _dist_info(meta)
     return {
-        f"{info}/METADATA": ("\n".join(lines) + "\n").encode(),
+        f"{info}/METADATA": ("\n".join(lines) + "\n\n" + description()).encode(),
         f"{info}/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: vllm_xpu_fakes_build\n"
             b"Root-Is-Purelib: true\nTag: py3-none-any\n"
         ),
         f"{info}/entry_points.txt": ("\n".join(entry_points) + "\n").encode(),
+        f"{info}/licenses/{LICENSE}": license_text(),
     }
 
 
@@ -158,13 +231,19 @@ def build_sdist(sdist_directory, config_settings=None):
     files = {
         "pyproject.toml": (HERE / "pyproject.toml").read_bytes(),
         "vllm_xpu_fakes_build.py": Path(__file__).read_bytes(),
+        LICENSE: license_text(),
+        README: description().encode(),
         **package_files(),
     }
     pkg_info = metadata_files(meta)[f"{_dist_info(meta)}/METADATA"]
     files["PKG-INFO"] = pkg_info
     target = Path(sdist_directory) / f"{base}.tar.gz"
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(target, "w:gz", format=tarfile.PAX_FORMAT) as sdist:
+    with (
+        open(target, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed,
+        tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as sdist,
+    ):
         for name, data in sorted(files.items()):
             info = tarfile.TarInfo(f"{base}/{name}")
             info.size, info.mode, info.mtime = len(data), 0o644, 0

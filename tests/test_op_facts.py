@@ -5,7 +5,9 @@ verbatim from the kernels' sources). Nothing else writes one by hand:
 
 * generated (`make ops`, changes/opfacts.py, also run by `make refresh`):
   the reference kernels' tables (schemas, the release that first has an
-  op), make e2e's plugin's list, the docs' `<!-- ops:KEY -->` figures.
+  op), make e2e's plugin's list, the vLLM plugin's WRAPPER_FAKES (vLLM's
+  wrapper ops: common/ops.py WRAPPERS, op_schemas.toml [vllm]), the docs'
+  `<!-- ops:KEY -->` figures.
   Every generated place must hold what the generator writes;
 * read at run time: the tool's lists (common/ops.py: the GEMMs, the
   in-place cut's shared test regions);
@@ -20,6 +22,7 @@ check reads the files as text (AST, nothing imported), so the negative
 controls below change one fact in a copy and see the check name it."""
 
 import ast
+import dataclasses
 import re
 import tomllib
 
@@ -36,6 +39,7 @@ DATA = tool.SCRIPTS / "xpufakes" / "data"
 FAKES_MODULE = "vllm_overlay/vllm/_xpu_gemm_fakes.py"
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
+PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
 INPLACE_TEST = opfacts.INPLACE_TEST
 CONTRIBUTORS = "docs/contributors.md"
 HEADERS = "scripts/xpufakes/data/dep3_headers.toml"
@@ -79,6 +83,7 @@ def _sources() -> dict[str, str]:
             FAKES_MODULE,
             REFERENCE,
             E2E_STANDINS,
+            PLUGIN,
             INPLACE_TEST,
             HEADERS,
             CONTRIBUTORS,
@@ -190,6 +195,26 @@ def e2e_disagrees(text: str) -> list[str]:
     ]
 
 
+def plugin_disagrees(text: str) -> list[str]:
+    """The vLLM plugin's WRAPPER_FAKES: each of vLLM's wrapper ops
+    (op_schemas.toml [vllm]) with its schema there and the table's fake of
+    the GEMM it returns (common/ops.py WRAPPER_OPS)."""
+    wrappers = tomllib.loads((DATA / "op_schemas.toml").read_text())["vllm"]
+    fake_of = {op["name"]: op["fake"] for op in _table()}
+    schemas = _schemas()
+    found = _assigned(text, "WRAPPER_FAKES")
+    problems = []
+    if set(found) != {f"vllm::{name}" for name in wrappers}:
+        problems.append(f"the plugin's wrapper ops {sorted(found)}, [vllm] {wrappers}")
+    for op, (schema, fake) in found.items():
+        if schema != schemas.get(op):
+            problems.append(f"{op}: the plugin's schema {schema!r}")
+        want = fake_of.get(ops.WRAPPER_OPS.get(op, ""))
+        if fake != want:
+            problems.append(f"{op}: the plugin's fake {fake}, the table's {want}")
+    return problems
+
+
 def inplace_disagrees(text: str) -> list[str]:
     """The in-place test's regions: one per GEMM of the table it has cases
     for (`op-<gemm>`, holding that op's `@_cases`), the shared regions the
@@ -267,11 +292,15 @@ def test_make_e2e_checks_the_tables_ops():
     assert e2e_disagrees(_sources()[E2E_STANDINS]) == []
 
 
+def test_the_plugins_wrapper_fakes_agree_with_the_table():
+    assert plugin_disagrees(_sources()[PLUGIN]) == []
+
+
 def test_the_in_place_tests_regions_agree_with_the_table():
     assert inplace_disagrees(_sources()[INPLACE_TEST]) == []
 
 
-@pytest.mark.parametrize("path", [REFERENCE, E2E_STANDINS, CONTRIBUTORS])
+@pytest.mark.parametrize("path", [REFERENCE, E2E_STANDINS, PLUGIN, CONTRIBUTORS])
 def test_every_generated_place_holds_what_make_ops_writes(path):
     assert generated_disagrees(path, _sources()[path]) == []
 
@@ -294,13 +323,21 @@ def test_the_docs_figures_of_the_in_place_test_are_the_cuts():
     assert known["inplace_ops"] == str(len(gemms) + len(ops.WRAPPERS))
 
 
-def test_make_ops_writes_back_what_a_hand_changed(tmp_path):
+@pytest.mark.parametrize(
+    ("path", "old", "new"),
+    [
+        (REFERENCE, '"fp8_bmm": (0, 1, 11),', '"fp8_bmm": (0, 1, 12),'),
+        (PLUGIN, '"fp8_bmm_fake",', '"fp8_gemm_fake",'),
+    ],
+    ids=["reference", "plugin"],
+)
+def test_make_ops_writes_back_what_a_hand_changed(path, old, new):
     """The generator restores a place changed by hand, and leaves the rest
     of the file byte for byte."""
-    text = _sources()[REFERENCE]
-    changed = text.replace('"fp8_bmm": (0, 1, 11),', '"fp8_bmm": (0, 1, 12),', 1)
+    text = _sources()[path]
+    changed = text.replace(old, new, 1)
     assert changed != text
-    assert opfacts.expected(REPO)[REFERENCE](changed) == text
+    assert opfacts.expected(REPO)[path](changed) == text
 
 
 def test_the_tools_lists_agree_with_the_table():
@@ -312,6 +349,12 @@ def test_the_tools_lists_agree_with_the_table():
     assert header_disagrees(_sources()[HEADERS]) == []
     schemas = _schemas()
     assert all(op["name"] in schemas for op in table), "an op without a schema"
+    # vLLM's wrapper ops: each has a schema, and delegates to the table's
+    # fake of the GEMM it returns
+    fake_of = {op["name"]: op["fake"] for op in table}
+    for op, wrapper in ops.WRAPPERS.items():
+        assert op in schemas, f"{op}: no schema"
+        assert wrapper.canonical == fake_of[ops.WRAPPER_OPS[op]], op
 
 
 # ---------------------------------------------------------------------------
@@ -383,6 +426,24 @@ def test_the_tools_lists_agree_with_the_table():
             f"{E2E_STANDINS}: CHECKED_OPS is not what",
         ),
         (
+            PLUGIN,
+            '"fp8_bmm_fake",',
+            '"fp8_gemm_fake",',
+            "vllm::xpu_fp8_bmm: the plugin's fake fp8_gemm_fake",
+        ),
+        (
+            PLUGIN,
+            '"fp8_bmm_fake",',
+            '"fp8_gemm_fake",',
+            f"{PLUGIN}: WRAPPER_FAKES is not what `make ops` writes",
+        ),
+        (
+            PLUGIN,
+            '"Tensor b_scale, Tensor? bias) -> Tensor",',
+            '"Tensor b_scale, Tensor bias) -> Tensor",',
+            "vllm::xpu_fp8_bmm: the plugin's schema",
+        ),
+        (
             INPLACE_TEST,
             "# xpufakes: op-int4 begin",
             "# xpufakes: op-int4x begin",
@@ -399,6 +460,12 @@ def test_the_tools_lists_agree_with_the_table():
             "<!-- ops:inplace_cases -->60<!-- /ops --> cases",
             "<!-- ops:inplace_cases -->59<!-- /ops --> cases",
             f"{CONTRIBUTORS}: ops:inplace_cases is not what",
+        ),
+        (
+            PLUGIN,
+            '"intel_extension_for_pytorch.llm.functional.bgmv_shrink": "",',
+            '"intel_extension_for_pytorch.llm.functional.bgmv_shrink": "out",',
+            f"{PLUGIN}: CALLEE_RETURNS is not what `make ops` writes",
         ),
         (
             HEADERS,
@@ -418,9 +485,13 @@ def test_the_tools_lists_agree_with_the_table():
         "reference-kernel",
         "reference-grid",
         "e2e-op-generated",
+        "plugin-fake",
+        "plugin-fake-generated",
+        "plugin-schema",
         "inplace-region",
         "inplace-cases",
         "doc-figure",
+        "plugin-callee-returns",
         "patch-header",
     ],
 )
@@ -432,6 +503,7 @@ def test_a_disagreeing_copy_is_named(path, old, new, expected):
         fake_module_disagrees(sources[FAKES_MODULE])
         + reference_disagrees(sources[REFERENCE], sources[FAKES_MODULE])
         + e2e_disagrees(sources[E2E_STANDINS])
+        + plugin_disagrees(sources[PLUGIN])
         + inplace_disagrees(sources[INPLACE_TEST])
         + generated_disagrees(path, sources[path])
         + header_disagrees(sources[HEADERS])
@@ -446,3 +518,12 @@ def test_a_registry_change_without_make_ops_is_named(monkeypatch):
     monkeypatch.setattr(ops, "FAKES", changed)
     found = generated_disagrees(REFERENCE, _sources()[REFERENCE])
     assert found == [f"{REFERENCE}: XPU_C_OP_SINCE is not what `make ops` writes"]
+    # vLLM's wrapper ops: another fake for one
+    wrapper = ops.WRAPPERS["vllm::xpu_fp8_bmm"]
+    monkeypatch.setitem(
+        ops.WRAPPERS,
+        "vllm::xpu_fp8_bmm",
+        dataclasses.replace(wrapper, canonical="fp8_gemm_fake"),
+    )
+    found = generated_disagrees(PLUGIN, _sources()[PLUGIN])
+    assert found == [f"{PLUGIN}: WRAPPER_FAKES is not what `make ops` writes"]

@@ -1,4 +1,5 @@
-"""The fix as a vLLM plugin (plugin/, `make plugin`): its wheel, one source
+"""The fix as a vLLM plugin (plugin/, `make plugin`): its wheel (its
+LICENSE and description, the sdist that builds the same wheel), one source
 with the series' overlay, pip install and uninstall, and register() in a
 process that has loaded a release's own files against the stand-in kernels.
 
@@ -12,18 +13,25 @@ plugin: tests/test_model_trace.py; vLLM's engine with it: make e2e.
 
 import base64
 import contextlib
+import email.parser
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tomllib
 import types
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from packaging.metadata import Metadata
 
 from support import grid, releases, standins, tool
 from support import plugin as plugin_support
@@ -77,8 +85,14 @@ def test_make_plugin_writes_a_reproducible_pure_python_wheel(tmp_path):
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
             hashed = digest.rstrip(b"=").decode()
             assert listed[name] == f"{name},sha256={hashed},{len(data)}"
+    # the package's modules and the .dist-info's files, nothing else
+    assert {
+        n.removeprefix(f"{info}/") for n in members if n.startswith(f"{info}/")
+    } == {"METADATA", "WHEEL", "entry_points.txt", "RECORD", "licenses/LICENSE"}
     assert all(
-        n.endswith((".py", ".txt", "RECORD", "METADATA", "WHEEL")) for n in members
+        n.startswith(f"{PACKAGE}/") and n.endswith(".py")
+        for n in members
+        if not n.startswith(f"{info}/")
     )
 
 
@@ -124,23 +138,256 @@ def test_the_plugin_ships_the_series_overlay_modules(tmp_path):
     assert overlay_differences(edited, OVERLAY) == ["_xpu_gemm_fakes.py: differs"]
 
 
-def _site_files(venv: Path) -> set[str]:
+def _info(members: dict[str, bytes]) -> str:
+    """The wheel's .dist-info directory."""
+    return next(n.split("/")[0] for n in members if n.endswith(".dist-info/WHEEL"))
+
+
+# The Apache License 2.0 as the ASF distributes it (LICENSE-2.0.txt, the
+# same bytes as Debian's /usr/share/common-licenses/Apache-2.0): its size
+# and SHA-256.
+APACHE_2_0 = (11358, "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30")
+PAGE = paths.REPO / "docs" / "plugin.md"
+
+
+def license_problems(text: bytes) -> list[str]:
+    digest = hashlib.sha256(text).hexdigest()
+    if (len(text), digest) == APACHE_2_0:
+        return []
+    return [f"LICENSE: {len(text)} bytes, sha256 {digest[:12]}..., not the ASF's text"]
+
+
+def metadata_problems(members: dict[str, bytes]) -> list[str]:
+    """What is wrong with the wheel's METADATA and its license files: the
+    reference parser's validation (packaging.metadata: each field allowed
+    in the declared core metadata version, the SPDX expression, the
+    License-File paths), then what it does not check: License beside
+    License-Expression (core metadata 2.4: mutually exclusive), each
+    License-File in .dist-info/licenses/, the license's text, a markdown
+    description."""
+    info = _info(members)
+    text = members[f"{info}/METADATA"].decode()
+    try:
+        meta = Metadata.from_email(text, validate=True)
+    except ExceptionGroup as invalid:
+        return [str(e) for e in invalid.exceptions]
+    problems = []
+    headers = email.parser.HeaderParser().parsestr(text)
+    if "License" in headers and "License-Expression" in headers:
+        problems.append("License beside License-Expression")
+    if meta.license_expression != "Apache-2.0":
+        problems.append(f"License-Expression {meta.license_expression!r}")
+    if not meta.license_files:
+        problems.append("no License-File")
+    for name in meta.license_files or ():
+        shipped = members.get(f"{info}/licenses/{name}")
+        if shipped is None:
+            problems.append(f"License-File {name}: not in {info}/licenses/")
+        else:
+            problems += license_problems(shipped)
+    if meta.description_content_type != "text/markdown" or not meta.description:
+        problems.append("no markdown description")
+    return problems
+
+
+_RELATIVE_LINK = re.compile(r"\]\((?![A-Za-z][A-Za-z0-9+.-]*:)([^)]*)\)")
+
+
+def description_problems(description: str, page: str) -> list[str]:
+    """The description is the plugin's page for a package index: its title
+    first, every line of the page that has no link, in order, and no link
+    to a relative path (which nothing on an index resolves)."""
+    problems = [
+        f"a relative link on an index: ({target})"
+        for target in _RELATIVE_LINK.findall(description)
+    ]
+    if description.splitlines()[:1] != page.splitlines()[:1]:
+        problems.append("does not start with the page's title")
+    lines = iter(description.splitlines())
+    for line in page.splitlines():
+        if "](" not in line and not any(line == kept for kept in lines):
+            problems.append(f"the page's line {line!r} is not in it (in order)")
+            break
+    return problems
+
+
+def pyproject_problems(project: dict, meta: Metadata) -> list[str]:
+    """PEP 621: a field in METADATA is pyproject.toml's [project] value, or
+    listed in its `dynamic` (a backend may fill in nothing else)."""
+    dynamic = project.get("dynamic", [])
+    problems = []
+    for key, value in {
+        "name": meta.name,
+        "version": str(meta.version),
+        "description": meta.summary,
+        "requires-python": str(meta.requires_python),
+        "license": meta.license_expression,
+        "readme": meta.description,
+    }.items():
+        if key in project and key in dynamic:
+            problems.append(f"{key}: both static and dynamic")
+        elif key in project and key != "readme" and project[key] != value:
+            problems.append(f"{key}: {project[key]!r} in pyproject.toml, {value!r}")
+        elif key not in project and key not in dynamic and value:
+            problems.append(f"{key}: in METADATA, neither static nor dynamic")
+    return problems
+
+
+def test_the_wheel_carries_the_license_and_the_plugins_page(tmp_path):
+    """The repository's LICENSE is the Apache License 2.0 verbatim, and the
+    wheel carries it as core metadata 2.4 says (License-File, the file in
+    .dist-info/licenses/); METADATA passes packaging's validation; its
+    description is docs/plugin.md with no relative link; pyproject.toml
+    declares what the backend fills in. Negative controls: one change each
+    to METADATA, the license, the description, pyproject.toml."""
+    members = _members(plugin_support.build(tmp_path / "dist"))
+    info = _info(members)
+    license_file = (paths.REPO / "LICENSE").read_bytes()
+    assert license_problems(license_file) == []
+    assert members[f"{info}/licenses/LICENSE"] == license_file
+    assert metadata_problems(members) == []
+    meta = Metadata.from_email(members[f"{info}/METADATA"].decode())
+    page = PAGE.read_text()
+    assert description_problems(meta.description, page) == []
+    project = tomllib.loads((paths.REPO / "plugin" / "pyproject.toml").read_text())
+    assert pyproject_problems(project["project"], meta) == []
+
+    def changed(name: str, old: bytes | None, new: bytes | None) -> list[str]:
+        edited = dict(members)
+        if old is None:
+            del edited[f"{info}/{name}"]
+        else:
+            assert old in edited[f"{info}/{name}"], "the control no longer matches"
+            edited[f"{info}/{name}"] = edited[f"{info}/{name}"].replace(old, new, 1)
+        return metadata_problems(edited)
+
+    assert any(
+        "license-file introduced in metadata version 2.4" in p
+        for p in changed("METADATA", b"Metadata-Version: 2.4", b"Metadata-Version: 2.1")
+    )
+    assert changed(
+        "METADATA", b"License-File: LICENSE", b"License-File: LICENSE\nLicense: MIT"
+    ) == ["License beside License-Expression"]
+    assert changed("licenses/LICENSE", None, None) == [
+        f"License-File LICENSE: not in {info}/licenses/"
+    ]
+    # the text as some packages ship it, without its appendix
+    cut = changed("licenses/LICENSE", b"\n   APPENDIX", b"\n   END")
+    assert len(cut) == 1 and "not the ASF's text" in cut[0]
+    assert changed(
+        "METADATA", b"Content-Type: text/markdown", b"Content-Type: text/plain"
+    ) == ["no markdown description"]
+    # the page as it is on the repository's site, with a relative link
+    linked = page.replace("\n", "\nSee [the tests](testing.md).\n", 1)
+    assert description_problems(linked, page) == [
+        "a relative link on an index: (testing.md)"
+    ]
+    lost = meta.description.replace("`VLLM_PLUGINS`", "VLLM_PLUGINS")
+    assert len(description_problems(lost, page)) == 1
+    del project["project"]["dynamic"]
+    assert pyproject_problems(project["project"], meta) == [
+        "readme: in METADATA, neither static nor dynamic"
+    ]
+
+
+def test_the_wheels_description_reads_on_a_package_index():
+    """The backend's rewrite of the page's links: a relative path becomes
+    the repository path it names, an anchor its text, an absolute link
+    stays; a reference-style link to a relative path is refused. Negative
+    control: the page as written fails description_problems."""
+    backend = plugin_support.backend()
+    page = (
+        "# The plugin\n"
+        "See [the tests](testing.md#faults), [the README](../README.md),\n"
+        "[vLLM](https://docs.vllm.ai/en/latest/) and [below](#the-cache).\n"
+        "![a figure](img/x.png)\n"
+    )
+    written = backend.index_page(page)
+    assert written.startswith(
+        "# The plugin\n"
+        "See the tests (`docs/testing.md`), the README (`README.md`),\n"
+        "[vLLM](https://docs.vllm.ai/en/latest/) and below.\n"
+        "a figure (`docs/img/x.png`)\n"
+    )
+    assert "`docs/plugin.md`" in written.splitlines()[-1]
+    assert description_problems(written, page) == []
+    assert len(description_problems(page, page)) == 4
+    with pytest.raises(ValueError, match="'testing.md', a relative path"):
+        backend.index_page(page + "\n[1]: testing.md\n")
+    assert backend.index_page(page + "\n[1]: https://docs.vllm.ai/\n")
+
+
+def test_an_sdist_builds_the_same_wheel(tmp_path):
+    """The backend's sdist (reproducible) carries LICENSE, the description
+    and PKG-INFO (the wheel's METADATA), and pip builds from it, offline,
+    the wheel of `make plugin`, byte for byte. Negative controls: the sdist
+    without its LICENSE builds no wheel; its README.md edited, another one."""
+    backend = plugin_support.backend()
+    wheel = plugin_support.build(tmp_path / "dist")
+    members = _members(wheel)
+    sdist = tmp_path / "sdist" / backend.build_sdist(tmp_path / "sdist")
+    again = tmp_path / "again" / backend.build_sdist(tmp_path / "again")
+    assert sdist.read_bytes() == again.read_bytes()
+    base = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as files:
+        files.extractall(tmp_path / "unpacked", filter="data")
+    unpacked = tmp_path / "unpacked" / base
+    assert (unpacked / "PKG-INFO").read_bytes() == members[f"{_info(members)}/METADATA"]
+    assert (unpacked / "LICENSE").read_bytes() == (paths.REPO / "LICENSE").read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "-q", "--no-cache-dir", "wheel", "--no-index"]
+        + ["--no-deps", str(sdist), "-w", str(tmp_path / "pip")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "pip" / wheel.name).read_bytes() == wheel.read_bytes()
+
+    def build(out: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(unpacked / "vllm_xpu_fakes_build.py")]
+            + [str(tmp_path / out)],
+            capture_output=True,
+            text=True,
+        )
+
+    assert build("direct").returncode == 0
+    assert (tmp_path / "direct" / wheel.name).read_bytes() == wheel.read_bytes()
+    readme = unpacked / "README.md"
+    readme.write_text(readme.read_text() + "edited\n")
+    assert build("edited").returncode == 0
+    assert (tmp_path / "edited" / wheel.name).read_bytes() != wheel.read_bytes()
+    (unpacked / "LICENSE").unlink()
+    done = build("unlicensed")
+    assert done.returncode != 0 and "LICENSE" in done.stderr, done.stderr
+    assert not (tmp_path / "unlicensed" / wheel.name).exists()
+
+
+def _site(venv: Path) -> Path:
     (lib,) = (venv / "lib").glob("python*/site-packages")
+    return lib
+
+
+def _site_files(venv: Path, dirs: bool = False) -> set[str]:
+    """site-packages' files (and directories) but bytecode, relative."""
+    lib = _site(venv)
     return {
         str(p.relative_to(lib))
         for p in lib.rglob("*")
-        if "__pycache__" not in p.parts and p.is_file()
+        if "__pycache__" not in p.parts and (dirs or p.is_file())
     }
 
 
 def test_pip_installs_the_directory_offline_and_uninstall_leaves_nothing(tmp_path):
     """`pip install ./plugin` (the build backend, nothing downloaded:
-    --no-index) gives the wheel of `make plugin`; vLLM finds the entry
-    point; `pip uninstall` removes every file it installed."""
+    --no-index) gives the wheel of `make plugin`, its license and metadata
+    byte for byte; vLLM finds the entry point; `pip uninstall` removes every
+    file and directory it installed."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--no-cache-dir"]
-    before = _site_files(venv)
+    before, dirs = _site_files(venv), _site_files(venv, dirs=True)
     done = subprocess.run(
         [*pip, "install", "--no-index", str(paths.REPO / "plugin")],
         capture_output=True,
@@ -152,10 +399,15 @@ def test_pip_installs_the_directory_offline_and_uninstall_leaves_nothing(tmp_pat
     wheel = plugin_support.build(tmp_path / "dist")
     expected = {n for n in _members(wheel)}
     info = next(n.split("/")[0] for n in expected if n.endswith("/WHEEL"))
-    # pip adds its own bookkeeping to the .dist-info
+    # pip adds its own bookkeeping to the .dist-info, and rewrites RECORD
     assert {a for a in added if not a.startswith(info)} == {
         e for e in expected if not e.startswith(info)
     }
+    members = _members(wheel)
+    for name, data in members.items():
+        if name != f"{info}/RECORD":
+            assert (_site(venv) / name).read_bytes() == data, name
+    assert f"{info}/licenses/LICENSE" in added
     found = subprocess.run(
         [
             str(venv / "bin" / "python"),
@@ -170,6 +422,7 @@ def test_pip_installs_the_directory_offline_and_uninstall_leaves_nothing(tmp_pat
     assert not (paths.REPO / "plugin" / "build").exists()  # the checkout untouched
     done = subprocess.run([*pip, "uninstall", "-y", "vllm-xpu-fakes"], check=True)
     assert _site_files(venv) == before
+    assert _site_files(venv, dirs=True) == dirs  # no directory left either
 
 
 # ---------------------------------------------------------------------------
@@ -364,16 +617,207 @@ def test_register_does_nothing_off_xpu_and_never_raises(site, monkeypatch):
     assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
     assert said == [f"vllm-xpu-fakes: {plugin.state()['skipped']}: nothing to do"]
 
-    monkeypatch.setenv("VLLM_XPU_FAKES_ANY_PLATFORM", "1")
 
-    def broken():
-        raise RuntimeError("a fault inside register()")
+# ---------------------------------------------------------------------------
+# All or nothing: a fault in each step of register()
+# ---------------------------------------------------------------------------
 
-    monkeypatch.setattr(plugin, "_register_fakes", broken)
+FUNCTIONAL = "intel_extension_for_pytorch.llm.functional"
+
+
+class Fault(RuntimeError):
+    pass
+
+
+def _after(call: Callable, count: int, which: Callable, at_fault: Callable):
+    """`call`, which raises Fault after it has done its work the `count`-th
+    time it is called with arguments that `which` accepts (the fault comes
+    after a change: the hardest case to undo); `at_fault()` runs first."""
+    seen = [0]
+
+    def faulty(*args, **kwargs):
+        result = call(*args, **kwargs)
+        if which(*args):
+            seen[0] += 1
+            if seen[0] == count:
+                at_fault()
+                raise Fault(f"injected after change {count}")
+        return result
+
+    return faulty
+
+
+def _snapshot(ipex, copies) -> dict:
+    """What callers see, by identity: IPEX's functions, vLLM's module that
+    holds copies and its class, IPEX's WOQ class's from_weight."""
+    woq = ipex.llm.quantization.woq_linear.IPEXWeightOnlyQuantizedLinear
+    return {
+        **{f"{FUNCTIONAL}.{k}": id(v) for k, v in vars(ipex.llm.functional).items()},
+        **{f"copies.{k}": id(v) for k, v in vars(copies).items()},
+        **{f"Holder.{k}": id(v) for k, v in vars(copies.Holder).items()},
+        "from_weight": id(vars(woq)["from_weight"]),
+    }
+
+
+# where the fault is injected -> (the step, the change after which it comes,
+# the keys of _snapshot that step changes)
+FAULTS = {
+    "registering": ("fakes", 1, ()),
+    "wrapping": ("woq", 1, ("from_weight",)),
+    "rebinding": ("rebind", 3, (FUNCTIONAL, "copies.", "Holder.")),
+    "sweeping modules": ("rebind", 2, (FUNCTIONAL, "copies.", "Holder.")),
+    "sweeping classes": ("rebind", 1, (FUNCTIONAL, "copies.", "Holder.")),
+}
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("where", list(FAULTS))
+def test_a_fault_in_a_step_is_undone_said_and_retried(where, site, monkeypatch):
+    """A fault injected into each step of register(), after that step has
+    changed something (the negative control: what callers see differs from
+    before at the moment of the fault): the step is undone completely
+    (every callee, copy, class attribute as before; the state lists nothing
+    of it), the one line says which step failed and that it was undone,
+    register() does not raise, and the next register() makes the whole fix.
+    A fake torch refuses is not registered, said, and retried."""
+    libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
+    libraries.append(loading.standins.define_torch_ipex_ops())
+    import intel_extension_for_pytorch as ipex
+
+    copies = _vllm_module("vllm.fault_copies", FAULT_COPIES)
+    before = _snapshot(ipex, copies)
+    plugin_package = _plugin(site, monkeypatch)
+    from vllm_xpu_fakes import _xpu_gemm_fakes as fakes
+    from vllm_xpu_fakes import plugin
+
+    step, count, touched = FAULTS[where]
+    ours = lambda snap: {k: v for k, v in snap.items() if k.startswith(touched)}  # noqa: E731
+    at_fault = []
+    if where == "registering":  # torch registers a fake whole or not at all
+
+        def refused(*args):
+            at_fault.append(True)
+            raise Fault("injected after change 1: torch refused the fake")
+
+        monkeypatch.setattr(fakes, "_register", refused)
+    else:
+
+        def moment():
+            at_fault.append(ours(_snapshot(ipex, copies)) != ours(before))
+
+        if where == "sweeping modules":
+            which = lambda journal, mapping, *_: mapping is vars(copies)  # noqa: E731
+            monkeypatch.setattr(
+                plugin._Journal,
+                "setitem",
+                _after(plugin._Journal.setitem, count, which, moment),
+            )
+        else:
+            owner = {
+                "wrapping": lambda o: isinstance(o, type),
+                "rebinding": lambda o: o is ipex.llm.functional,
+                "sweeping classes": lambda o: o is copies.Holder,
+            }[where]
+            monkeypatch.setattr(
+                plugin._Journal,
+                "setattr",
+                _after(
+                    plugin._Journal.setattr,
+                    count,
+                    lambda journal, o, *_: owner(o),
+                    moment,
+                ),
+            )
     with _logged() as said:
-        vllm_xpu_fakes.register()  # does not raise
-    assert len(said) == 1, said
-    assert "register() failed (RuntimeError: a fault inside register())" in said[0]
+        plugin_package.register()  # does not raise
+    state = plugin.state()
+    assert at_fault == [True], "the fault came before any change"
+    assert state["steps"][step].startswith("failed ("), state["steps"]
+    assert "Fault: injected after change" in state["steps"][step]
+    lines = [s for s in said if s.startswith("vllm-xpu-fakes: ")]
+    assert len(lines) == 1 and f"{step}: failed (" in lines[0], said
+    if step == "fakes":  # the others stay registered; this one is retried
+        assert "tried again at the next call" in lines[0]
+        assert state["registered"] == []
+        assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
+    else:
+        assert "undone, as vLLM has it" in lines[0]
+        assert ours(_snapshot(ipex, copies)) == ours(before)
+        if step == "rebind":
+            assert state["rebound"] == [] and state["copies"] == []
+            assert "calls rebound to custom ops: none" in lines[0]
+        else:
+            assert state["woq"] == "" and "WOQ" not in lines[0]
+
+    monkeypatch.undo()  # the fault is gone; the next call makes the whole fix
+    monkeypatch.setenv("VLLM_XPU_FAKES_ANY_PLATFORM", "1")
+    with _logged() as said:
+        plugin_package.register()
+    state = plugin.state()
+    assert set(state["steps"].values()) == {"done"}, state["steps"]
+    assert state["registered"] == ["torch_ipex::fp8_gemm_w8a16.xpu"]
+    assert f"{FUNCTIONAL}.silu_and_mul" in state["rebound"]
+    assert "vllm.fault_copies.silu_and_mul" in state["copies"]
+    assert "vllm.fault_copies.Holder.norm" in state["copies"]
+    assert state["woq"]
+    assert len(said) == 1 and "failed" not in said[0], said
+
+
+@pytest.mark.forked
+def test_a_fault_in_the_holder_search_is_said_and_changes_nothing(site, monkeypatch):
+    """unreached(), the whole-heap search (the self-check and the audit run
+    it, never register()): a fault in it says the search failed, changes
+    nothing, and the search works again after."""
+    libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
+    libraries.append(loading.standins.define_torch_ipex_ops())
+    copies = _vllm_module("vllm.fault_copies", FAULT_COPIES)
+    plugin_package = _plugin(site, monkeypatch)
+    from vllm_xpu_fakes import plugin
+
+    plugin_package.register()
+    state = plugin.state()
+    import gc
+
+    def broken(*objects):
+        raise Fault("injected into the search")
+
+    monkeypatch.setattr(gc, "get_referrers", broken)
+    assert plugin.unreached() == [
+        "unknown: the search failed (Fault: injected into the search)"
+    ]
+    monkeypatch.undo()
+    after = plugin.state()
+    assert {k: v for k, v in after.items() if k != "not_reached"} == {
+        k: v for k, v in state.items() if k != "not_reached"
+    }
+    assert plugin.unreached() == [
+        f"{FUNCTIONAL}.gelu_and_mul in a default argument of vllm.fault_copies.gelu"
+    ]
+    assert copies.silu_and_mul is not None
+
+
+def test_a_plugin_that_cannot_be_loaded_says_nothing_changed(site, tmp_path):
+    """The entry point's one fault it cannot undo itself: the plugin's
+    module does not import. It says so and that nothing was changed."""
+    broken = tmp_path / "site"
+    shutil.copytree(site / PACKAGE, broken / PACKAGE)
+    (broken / PACKAGE / "plugin.py").write_text("raise ImportError('damaged')\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import logging, sys; logging.basicConfig(level=logging.INFO);"
+            f"sys.path.insert(0, {str(broken)!r}); import vllm_xpu_fakes;"
+            "vllm_xpu_fakes.register(); print('started')",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "started", done
+    assert (
+        "the plugin cannot be loaded (ImportError: damaged); nothing was changed"
+        in done.stderr
+    ), done.stderr
 
 
 @pytest.mark.forked
@@ -390,11 +834,27 @@ def test_register_does_nothing_on_a_tree_make_apply_patched(site, monkeypatch):
     assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is before
 
 
-COPIES = """
+# A module of vLLM's (a downstream's patched file is one too) that took
+# copies of the callees before the plugin ran, and a third-party module that
+# took the same.
+FAULT_COPIES = """
+from intel_extension_for_pytorch.llm.functional import gelu_and_mul, silu_and_mul
+from vllm._C.ops import rms_norm
+
+
+class Holder:
+    act = silu_and_mul
+    norm = rms_norm  # a built-in (pybind11): stays unbound
+
+
+def gelu(x, out, kernel=gelu_and_mul):
+    kernel(x, out)
+"""
+THIRD_PARTY = """
 from intel_extension_for_pytorch.llm.functional import gelu_and_mul, silu_and_mul
 
 
-class Activations:
+class Holder:
     act = silu_and_mul
 
 
@@ -403,23 +863,41 @@ def gelu(x, out, kernel=gelu_and_mul):
 """
 
 
+def _vllm_module(name: str, text: str) -> types.ModuleType:
+    """`text` imported as the module `name` (vllm.<...>: one of vLLM's
+    modules), the native extension's stand-ins (builtins) in place."""
+    import importlib.util
+    import tempfile
+
+    loading.stub_vllm_extensions()
+    path = Path(tempfile.mkdtemp()) / f"{name.rpartition('.')[2]}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.forked
-def test_copies_taken_before_the_plugin_are_rebound_or_reported(
-    site, monkeypatch, tmp_path
-):
-    """`from ... import f` taken before register() (a module global, a class
-    attribute) is rebound, and a call through it traces under fullgraph
-    (it did not before: the negative control);
-    a copy in a default argument cannot be, and the report says so. A
-    callee whose parameters differ from its contract is left alone."""
+def test_copies_in_vllms_modules_are_rebound_and_nothing_else(site, monkeypatch):
+    """`from ... import f` taken before register() in vLLM's modules (a
+    module global, a class attribute) is rebound, and a call through it
+    traces under fullgraph (it did not before: the negative control); a
+    built-in held as a class attribute stays unbound (the negative control:
+    the wrapper stored plainly breaks an instance's call). A third-party
+    module's copies are left as they are. A copy in a default argument
+    cannot be rebound: unreached() says so for vLLM's module, not for the
+    third party's. A callee whose parameters differ from its contract is
+    left alone."""
     libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
     libraries.append(loading.standins.define_torch_ipex_ops())
-    (tmp_path / "downstream_copies.py").write_text(COPIES)
-    sys.path.insert(0, str(tmp_path))
-    import downstream_copies as copies
     import intel_extension_for_pytorch as ipex
 
+    copies = _vllm_module("vllm.downstream_copies", FAULT_COPIES)
+    third = _vllm_module("third_party_copies", THIRD_PARTY)
     original = ipex.llm.functional.silu_and_mul
+    native = copies.rms_norm
 
     def gelu_quick(x, out, approximate, extra):  # not the contract's (x, out)
         raise AssertionError("not called")
@@ -427,22 +905,150 @@ def test_copies_taken_before_the_plugin_are_rebound_or_reported(
     ipex.llm.functional.gelu_quick = gelu_quick
     unfixed = _traced(copies.silu_and_mul)
     assert "does not support running with fake tensors" in unfixed, unfixed
-    plugin = _plugin(site, monkeypatch)
-    plugin.register()
+    plugin_package = _plugin(site, monkeypatch)
+    plugin_package.register()
+    from vllm_xpu_fakes import plugin
+
     state = plugin.state()
     assert copies.silu_and_mul is ipex.llm.functional.silu_and_mul
     assert copies.silu_and_mul is not original
-    assert copies.Activations.act is copies.silu_and_mul
-    assert "downstream_copies.silu_and_mul" in state["copies"]
-    assert "downstream_copies.Activations.act" in state["copies"]
-    assert state["not_reached"] == [
+    assert copies.Holder.act is copies.silu_and_mul
+    assert {
+        "vllm.downstream_copies.silu_and_mul",
+        "vllm.downstream_copies.rms_norm",
+        "vllm.downstream_copies.Holder.act",
+        "vllm.downstream_copies.Holder.norm",
+    } <= set(state["copies"]), state["copies"]
+    assert not any("third_party" in c for c in state["copies"]), state["copies"]
+    assert third.silu_and_mul is original and third.Holder.act is original
+    # the built-in stays unbound: an instance's call is the kernel's call
+    assert isinstance(vars(copies.Holder)["norm"], staticmethod)
+    x, w = torch.randn(3, 8), torch.ones(8)
+    out, expected = torch.empty(3, 8), torch.empty(3, 8)
+    assert copies.Holder().norm(out, x, w, 1e-6) is native(expected, x, w, 1e-6)
+    torch.testing.assert_close(out, expected)
+    copies.Holder.plain = vars(copies.Holder)["norm"].__func__  # the old way
+    with pytest.raises(TypeError):
+        copies.Holder().plain(out, x, w, 1e-6)
+    assert plugin.unreached() == [
         "intel_extension_for_pytorch.llm.functional.gelu_and_mul in a default "
-        "argument of downstream_copies.gelu"
-    ], state["not_reached"]
+        "argument of vllm.downstream_copies.gelu"
+    ]
     assert ipex.llm.functional.gelu_quick is gelu_quick
     assert any("gelu_quick does not take" in d for d in state["differs"]), state
-
     assert "torch.ops.vllm.ipex_silu_and_mul" in _traced(copies.silu_and_mul)
+
+
+@pytest.mark.forked
+def test_a_rebound_callee_returns_what_the_original_returns(site, monkeypatch):
+    """Eager, every call form of a rebound callee is the original's call:
+    the same return (nothing, the written argument, the tuple, a new
+    tensor) and the same writes, a left-out default included (the issue's
+    add_rms_norm(res, x, w, None, eps)). Compiled (aot_eager, fullgraph),
+    the contract's call is the op's and returns what the original returns,
+    so compiled equals eager. Negative controls: the return the plugin had
+    (the op's, None) makes the compiled block fail, and a call form the
+    contract does not describe stays untraceable, as it was."""
+    libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
+    libraries.append(loading.standins.define_torch_ipex_ops(also_cpu=True))
+    import intel_extension_for_pytorch as ipex
+
+    functional = ipex.llm.functional
+    names = ("silu_and_mul", "rms_norm", "add_rms_norm", "bgmv_shrink")
+    originals = {n: getattr(functional, n) for n in names}
+    x, w = torch.randn(4, 16), torch.rand(16) + 0.5
+    lora = torch.randn(2, 8, 16)
+    idx = torch.tensor([0, 1, 1, 0])
+
+    def forms(f):
+        """name -> (call, arguments) of each call form IPEX documents."""
+        return {
+            "silu_and_mul": lambda: (lambda out: (f["silu_and_mul"](x, out), out))(
+                torch.zeros(4, 8)
+            ),
+            "silu_and_mul, out=": lambda: (
+                lambda out: (f["silu_and_mul"](x, out=out), out)
+            )(torch.zeros(4, 8)),
+            "rms_norm": lambda: (f["rms_norm"](x, w, 1e-6), None),
+            "add_rms_norm, add_back left out": lambda: (
+                lambda res: (f["add_rms_norm"](res, x, w, None, 1e-6), res)
+            )(torch.ones(4, 16)),
+            "add_rms_norm, add_back=True": lambda: (
+                lambda res: (
+                    f["add_rms_norm"](res, x, w, None, 1e-6, add_back=True),
+                    res,
+                )
+            )(torch.ones(4, 16)),
+            "bgmv_shrink": lambda: (
+                lambda out: (f["bgmv_shrink"](x, lora, out, idx, 0.5), out)
+            )(torch.zeros(4, 8)),
+            "bgmv_shrink, scaling left out": lambda: (
+                lambda out: (f["bgmv_shrink"](x, lora, out, idx), out)
+            )(torch.zeros(4, 8)),
+        }
+
+    def seen(result, written) -> tuple:
+        """What a caller sees: the return (None, which argument, or its
+        value) and the written argument's value."""
+        if result is None:
+            kind = None
+        elif result is written:
+            kind = ("the written argument", result.clone())
+        else:
+            kind = ("a new tensor", result.clone())
+        return kind, None if written is None else written.clone()
+
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and torch.equal(a, b)
+        if isinstance(a, tuple):
+            return (
+                isinstance(b, tuple)
+                and len(a) == len(b)
+                and all(same(p, q) for p, q in zip(a, b, strict=True))
+            )
+        return a == b
+
+    before = {form: seen(*call()) for form, call in forms(originals).items()}
+    plugin_package = _plugin(site, monkeypatch)
+    plugin_package.register()
+    from vllm_xpu_fakes import plugin
+
+    rebound = {n: getattr(functional, n) for n in names}
+    assert all(rebound[n] is not originals[n] for n in names)
+    after = {form: seen(*call()) for form, call in forms(rebound).items()}
+    assert [f for f in before if not same(before[f], after[f])] == []
+
+    def block(residual):
+        out = torch.empty(4, 8)
+        gated = rebound["silu_and_mul"](x, out)
+        normed = rebound["add_rms_norm"](residual, x, w, None, 1e-6, True)
+        return gated * 2, normed + residual
+
+    eager = block(torch.ones(4, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    assert same(compiled(torch.ones(4, 16)), eager)
+    # the negative controls: the op's own return, and an undescribed call form
+    monkeypatch.setitem(plugin.CALLEE_RETURNS, f"{FUNCTIONAL}.silu_and_mul", "")
+    wrong = plugin._wrapper(
+        f"{FUNCTIONAL}.silu_and_mul",
+        "ipex_silu_and_mul",
+        originals["silu_and_mul"],
+        ("Tensor x", "Tensor out"),
+    )
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="NoneType|unsupported operand"):
+        torch.compile(
+            lambda out: wrong(x, out) * 2, fullgraph=True, backend="aot_eager"
+        )(torch.empty(4, 8))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="fake tensors"):
+        torch.compile(
+            lambda res: rebound["add_rms_norm"](res, x, w, None, 1e-6),
+            fullgraph=True,
+            backend="aot_eager",
+        )(torch.ones(4, 16))
 
 
 def _traced(silu_and_mul) -> str:

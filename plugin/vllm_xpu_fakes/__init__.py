@@ -7,8 +7,8 @@ vLLM loads its ``vllm.general_plugins`` entry points in every process it
 starts (the engine core, each worker, the API server) before a model is
 built, and calls ``register()``. It makes the same fix the patch series
 makes to vLLM's files, in memory, from the same modules (``plugin.py`` says
-what and how). It never raises: a failure is logged and vLLM runs as it
-would without the plugin.
+what and how). It never raises: a step that fails is undone and logged,
+and vLLM runs as it would without that step.
 """
 
 import logging
@@ -18,20 +18,22 @@ logger = logging.getLogger("vllm.vllm_xpu_fakes")
 
 
 def register() -> None:
-    """The entry point (``vllm.general_plugins``); idempotent."""
+    """The entry point (``vllm.general_plugins``); idempotent. The plugin's
+    register() never raises (each step undoes itself if it fails); what can
+    fail here is loading the plugin's module, before anything changed."""
+    import sys
+
     try:
-        import sys
-
         from vllm_xpu_fakes import plugin
-
-        plugin.register(caller=sys._getframe(1).f_code.co_name)
     except Exception as e:  # noqa: BLE001 - never stop vLLM's start-up
         logger.warning(
-            "vllm-xpu-fakes: register() failed (%s: %s); vLLM runs without "
-            "the plugin's fix",
+            "vllm-xpu-fakes: the plugin cannot be loaded (%s: %s); nothing was "
+            "changed: vLLM runs without the plugin's fix",
             type(e).__name__,
             e,
         )
+        return
+    plugin.register(caller=sys._getframe(1).f_code.co_name)
 
 
 def state() -> dict:

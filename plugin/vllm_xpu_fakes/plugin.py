@@ -12,16 +12,23 @@ and vllm::xpu_fp8_bmm's fake made          IPEX), then the same fakes are
 fp8_bmm's                                  registered with allow_override: the
                                            newest registration wins
 0002: each IPEX WOQ linear module wrapped  IPEXWeightOnlyQuantizedLinear
-in vllm::ipex_woq_linear where vLLM        .from_weight wrapped: each module it
-makes it                                   makes comes back wrapped
+in vllm::ipex_woq_linear where vLLM        .from_weight wrapped for callers in
+makes it                                   vLLM's modules; any other caller gets
+                                           IPEX's module as before
 0003: each call Dynamo cannot trace        each callee of the contracts (a
 rewritten to call torch.ops.vllm.<op>      module attribute) rebound to a
-(_xpu_opaque_calls.py)                     function that calls the op, whose
-                                           implementation calls the original;
-                                           copies of it in the globals of the
-                                           loaded modules and in classes are
+(_xpu_opaque_calls.py)                     function that, while Dynamo traces,
+                                           calls the op (whose implementation
+                                           calls the original) and otherwise
+                                           calls the original itself; copies of
+                                           it in vLLM's modules and classes are
                                            rebound too
 =========================================  =====================================
+
+Nothing changes for any other caller: an eager call of a rebound callee is
+the original's call (same return, same writes, any call form); a traced call
+the contract does not describe (fewer arguments, another keyword) is the
+original's too; only vLLM's modules are swept for copies.
 
 What the plugin decides from is what the live vLLM has (its modules, the
 ops and their schemas, the callees and their parameters), never its version
@@ -31,9 +38,13 @@ logs one warning and leaves that part as vLLM has it. It does nothing on a
 platform that is not XPU (``VLLM_XPU_FAKES_ANY_PLATFORM=1``: any platform,
 for tests on CPU stand-ins), nor on a tree ``make apply`` has patched.
 
-Each step is idempotent, so register() may run more than once in a process
-(vLLM calls it from several places); the second call does only what the
-first could not (e.g. the kernels' package was not importable yet).
+register() runs three steps (fakes, woq, rebind). Each is all or nothing: a
+step that fails part-way undoes what it changed (the fakes it registered are
+each complete and stay; they are the fix) and is tried again at the next
+call. register() may run more than once in a process (vLLM calls it from
+several places); a later call does only what an earlier one could not.
+Nothing here searches the whole heap: `unreached()` does, for the
+self-check and `make audit`, never at start-up.
 """
 
 import ast
@@ -60,17 +71,44 @@ REGISTERING_MODULES = (
 )
 # A tree patched by the series has this module (make apply).
 PATCHED_MODULE = "vllm._xpu_gemm_fakes"
+# The modules whose copies of a callee the sweep rebinds, and whose calls of
+# IPEXWeightOnlyQuantizedLinear.from_weight get the wrapped module: vLLM's
+# (a downstream's patched files are vLLM's modules too).
+VLLM = "vllm"
 
 # vLLM's own ops that return an XPU GEMM's output as it is, so their fake
 # must be that GEMM's: op -> (its schema, the fake of _xpu_gemm_fakes.py).
-# (scripts/xpufakes/common/ops.py WRAPPERS, data/op_schemas.toml [vllm];
-# tests/test_plugin.py checks the copy.)
+# Written by `make ops` (scripts/xpufakes/changes/opfacts.py) from
+# scripts/xpufakes/common/ops.py WRAPPERS and data/op_schemas.toml [vllm]:
+# edit those, not this copy; tests/test_op_facts.py fails where it differs.
 WRAPPER_FAKES = {
     "vllm::xpu_fp8_bmm": (
-        "vllm::xpu_fp8_bmm(Tensor a, Tensor b, ScalarType out_dtype, "
-        "Tensor a_scale, Tensor b_scale, Tensor? bias) -> Tensor",
+        "vllm::xpu_fp8_bmm(Tensor a, Tensor b, ScalarType out_dtype, Tensor a_scale, "
+        "Tensor b_scale, Tensor? bias) -> Tensor",
         "fp8_bmm_fake",
     ),
+}
+
+# What each callee of the contracts returns to its caller on XPU, which a
+# traced call of its wrapper returns too: "" nothing, a parameter's name
+# (that argument), "query, key" (a tuple of them), "result" (the op's
+# result). Written by `make ops` from data/opaque_calls.toml (callee_returns).
+CALLEE_RETURNS = {
+    "vllm._C.ops.rotary_embedding": "",
+    "vllm._C.ops.rms_norm": "",
+    "vllm._C.ops.fused_add_rms_norm": "",
+    "intel_extension_for_pytorch.llm.functional.silu_and_mul": "out",
+    "intel_extension_for_pytorch.llm.functional.gelu_and_mul": "out",
+    "intel_extension_for_pytorch.llm.functional.gelu_quick": "out",
+    "intel_extension_for_pytorch.llm.functional.rotary_embedding_batched": "query, key",
+    "intel_extension_for_pytorch.llm.functional.rms_norm": "result",
+    "intel_extension_for_pytorch.llm.functional.add_rms_norm": "result",
+    "intel_extension_for_pytorch.llm.functional.bgmv_shrink": "",
+    "intel_extension_for_pytorch.llm.functional.bgmv_expand": "",
+    "intel_extension_for_pytorch.llm.functional.bgmv_expand_slice": "",
+    "torch.ops.torch_ipex.rms_norm_vllm": "",
+    "torch.ops.torch_ipex.fused_add_rms_norm_vllm": "",
+    "torch.ops.torch_ipex.rotary_embedding": "",
 }
 
 # IPEX's weight-only-quantized linear module class, whose from_weight()
@@ -83,58 +121,67 @@ IPEX_WOQ = (
 WOQ_OUT_FEATURES = ("out_features", 4)
 
 MARK = "__vllm_xpu_fakes_original__"  # on what the plugin put in place
+STEPS = ("fakes", "woq", "rebind")
 
 _STATE: dict = {
     "calls": 0,
     "callers": [],  # the functions that called register()
+    "steps": {},  # step -> "done", "not needed", "failed (...)"
     "registered": [],  # ops whose fake is ours
     "differs": [],  # what differs from what the plugin knows (left as is)
     "woq": "",  # how IPEX's WOQ modules are wrapped
     "rebound": [],  # callees now calling their op
     "copies": [],  # copies of a callee rebound (module.name, Class.name)
-    "not_reached": [],  # copies the plugin could not rebind
+    "not_reached": [],  # copies out of reach: filled by unreached() only
     "skipped": "",  # why the plugin did nothing
-    "said": "",  # the last line logged
-    "seconds": 0.0,
+    "said": "",  # the last line said, without its time
+    "seconds": 0.0,  # the last register() call's time
 }
+# id(original) -> (original, wrapper, callee name), for unreached()
+_REBOUND: dict[int, tuple[object, object, str]] = {}
 
 
 def state() -> dict:
     """What register() did in this process (JSON-able)."""
-    return {k: list(v) if isinstance(v, list) else v for k, v in _STATE.items()}
+    return {
+        k: list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+        for k, v in _STATE.items()
+    }
 
 
 def register(caller: str = "") -> dict:
     """Make the fix in this process (see the module's docstring); returns
-    state(). `caller`: who called (vLLM's load_general_plugins, ...)."""
+    state(). `caller`: who called (vLLM's load_general_plugins, ...).
+    Never raises."""
     start = time.perf_counter()
     _STATE["calls"] += 1
     if caller and caller not in _STATE["callers"]:
         _STATE["callers"].append(caller)
-    before = {k: len(v) for k, v in _STATE.items() if isinstance(v, list)}
-    why_not = _why_not()
-    if why_not:
-        if why_not != _STATE["skipped"]:
-            _STATE["skipped"] = why_not
-            logger.info("vllm-xpu-fakes: %s: nothing to do", why_not)
+    reason = why_not()
+    if reason:
+        if reason != _STATE["skipped"]:
+            _STATE["skipped"] = reason
+            _say(f"vllm-xpu-fakes: {reason}: nothing to do")
         return state()
     _STATE["skipped"] = ""
     kernels = _import_registering_modules()
-    _register_fakes()
+    _step("fakes", _register_fakes)
     if "intel_extension_for_pytorch" in kernels:
-        _wrap_ipex_woq()
-    _rebind_untraceable_calls()
-    _STATE["seconds"] = round(_STATE["seconds"] + time.perf_counter() - start, 4)
+        _step("woq", _wrap_ipex_woq)
+    else:
+        _STATE["steps"]["woq"] = "not needed"
+    _step("rebind", _rebind_untraceable_calls)
+    _STATE["seconds"] = round(time.perf_counter() - start, 4)
     said = summary(kernels)
-    changed = any(len(_STATE[k]) != n for k, n in before.items())
-    if changed or _STATE["said"] != said.rpartition(" (")[0]:
-        _STATE["said"] = said.rpartition(" (")[0]
-        logger.info("vllm-xpu-fakes: %s", said)
+    if said != _STATE["said"]:
+        _STATE["said"] = said
+        failed = any(s.startswith("failed") for s in _STATE["steps"].values())
+        _say(f"vllm-xpu-fakes: {said} ({_STATE['seconds']:.3f} s)", warning=failed)
     return state()
 
 
 def summary(kernels: list[str] | None = None) -> str:
-    """One line: what the plugin registered, rebound, and could not reach."""
+    """One line: what is in effect in this process (without the time)."""
     s = _STATE
     said = []
     if kernels is not None and not kernels:
@@ -142,18 +189,69 @@ def summary(kernels: list[str] | None = None) -> str:
             "no XPU kernel package (vllm_xpu_kernels, intel_extension_for_pytorch) "
             "is importable"
         )
+    for step, status in s["steps"].items():
+        if status.startswith("failed"):
+            said.append(f"{step}: {status}")
     said.append(f"fakes registered: {', '.join(s['registered']) or 'none'}")
     if s["woq"]:
         said.append(s["woq"])
     said.append(
         "calls rebound to custom ops: "
         + (", ".join(s["rebound"]) or "none")
-        + (f" (+{len(s['copies'])} copies)" if s["copies"] else "")
+        + (f" (+{len(s['copies'])} copies in vLLM's modules)" if s["copies"] else "")
     )
-    said.append(f"could not reach: {'; '.join(s['not_reached']) or 'none'}")
     if s["differs"]:
         said.append(f"left as vLLM has it: {'; '.join(s['differs'])}")
-    return "; ".join(said) + f" ({s['seconds']:.3f} s)"
+    return "; ".join(said)
+
+
+def _say(line: str, warning: bool = False) -> None:
+    (logger.warning if warning else logger.info)("%s", line)
+
+
+class _Journal:
+    """What a step changed, to undo it if the step fails part-way."""
+
+    def __init__(self) -> None:
+        self.undo: list[Callable[[], None]] = []
+
+    def setattr(self, owner, name: str, value) -> None:
+        space = getattr(owner, "__dict__", {})
+        had, old = name in space, space.get(name)  # a class's raw descriptor
+        setattr(owner, name, value)
+        self.undo.append(
+            lambda: setattr(owner, name, old) if had else delattr(owner, name)
+        )
+
+    def setitem(self, mapping: dict, key, value) -> None:
+        had, old = key in mapping, mapping.get(key)
+        mapping[key] = value
+        self.undo.append(
+            (lambda: mapping.__setitem__(key, old))
+            if had
+            else (lambda: mapping.pop(key, None))
+        )
+
+    def append(self, values: list, value) -> None:
+        values.append(value)
+        self.undo.append(lambda: values.remove(value))
+
+    def rollback(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+
+def _step(name: str, run: Callable[[_Journal], str]) -> None:
+    """Run one step; if it raises, undo what it changed and say so (the
+    next register() tries it again)."""
+    journal = _Journal()
+    try:
+        _STATE["steps"][name] = run(journal) or "done"
+    except Exception as e:  # noqa: BLE001 - undone, said, vLLM goes on
+        journal.rollback()
+        _STATE["steps"][name] = (
+            f"failed ({type(e).__name__}: {e}); undone, as vLLM has it"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -161,9 +259,9 @@ def summary(kernels: list[str] | None = None) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _why_not() -> str:
+def why_not() -> str:
     """Why the plugin does nothing in this process, or ''."""
-    if importlib.util.find_spec(PATCHED_MODULE.rpartition(".")[0]) is None:
+    if importlib.util.find_spec(VLLM) is None:
         return "vLLM is not importable"
     if importlib.util.find_spec(PATCHED_MODULE) is not None:
         return (
@@ -180,6 +278,11 @@ def _why_not() -> str:
         return f"the platform is not XPU ({type(current_platform).__name__})"
     except Exception as e:  # noqa: BLE001 - no platform, nothing to fix
         return f"vLLM's platform is unknown ({type(e).__name__}: {e})"
+
+
+def is_vllms(module_name: str) -> bool:
+    """A module of vLLM (whose copies the sweep rebinds)."""
+    return module_name == VLLM or module_name.startswith(VLLM + ".")
 
 
 def _present(package: str) -> bool:
@@ -211,7 +314,7 @@ def _import_registering_modules() -> list[str]:
 def _differs(what: str) -> None:
     if what not in _STATE["differs"]:
         _STATE["differs"].append(what)
-        logger.warning("vllm-xpu-fakes: %s; left as vLLM has it", what)
+        _say(f"vllm-xpu-fakes: {what}; left as vLLM has it", warning=True)
 
 
 # ---------------------------------------------------------------------------
@@ -219,22 +322,35 @@ def _differs(what: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _register_fakes() -> None:
+def _register_fakes(journal: _Journal) -> str:
+    """Each fake is registered whole or not at all (torch.library); one
+    registered stays registered (it is the fix), and one that could not be
+    is tried again at the next call."""
     from vllm_xpu_fakes import _xpu_gemm_fakes as fakes
 
-    registered = fakes.register_xpu_gemm_fakes() + fakes.register_ipex_gemm_fakes()
-    for qualname, (schema, name) in WRAPPER_FAKES.items():
-        exists = fakes._find_overload(qualname) is not None
-        if exists and fakes._register(qualname, schema, getattr(fakes, name)):
-            registered.append(qualname)
-    for table in (fakes.XPU_GEMM_FAKES, fakes.IPEX_GEMM_FAKES, WRAPPER_FAKES):
-        for qualname in table:
+    wrappers = {q: (s, getattr(fakes, f)) for q, (s, f) in WRAPPER_FAKES.items()}
+    failed = []
+    for table in (fakes.XPU_GEMM_FAKES, fakes.IPEX_GEMM_FAKES, wrappers):
+        for qualname, (schema, fake) in table.items():
             op = fakes._find_overload(qualname)
-            if op is not None and qualname not in registered:
+            if op is None:
+                continue  # the kernels of this process do not have it
+            if str(op._schema) != schema:
                 _differs(f"{qualname}: its schema is {str(op._schema)!r}")
-    for qualname in registered:
-        if qualname not in _STATE["registered"]:
-            _STATE["registered"].append(qualname)
+                continue
+            try:
+                fakes._register(qualname, schema, fake)
+            except Exception as e:  # noqa: BLE001 - said, tried again later
+                failed.append(f"{qualname}: {type(e).__name__}: {e}")
+                continue
+            if qualname not in _STATE["registered"]:
+                _STATE["registered"].append(qualname)
+    if failed:
+        return (
+            f"failed ({'; '.join(failed)}); the others are registered; "
+            "tried again at the next call"
+        )
+    return "done" if _STATE["registered"] else "not needed"
 
 
 # ---------------------------------------------------------------------------
@@ -242,24 +358,31 @@ def _register_fakes() -> None:
 # ---------------------------------------------------------------------------
 
 
-def _wrap_ipex_woq() -> None:
+def _wrap_ipex_woq(journal: _Journal) -> str:
     module = sys.modules.get(IPEX_WOQ[0])
     cls = getattr(module, IPEX_WOQ[1], None)
-    if cls is None or _STATE["woq"]:
-        return
+    if cls is None:
+        return "not needed"
     raw = inspect.getattr_static(cls, "from_weight", None)
     if raw is None:
         _differs(f"{IPEX_WOQ[1]} has no from_weight")
-        return
-    if getattr(raw, MARK, None) is not None:
-        return
+        return "not needed"
+    if getattr(getattr(raw, "__func__", raw), MARK, None) is not None:
+        return "done"  # wrapped by an earlier call
+    if not isinstance(raw, classmethod | staticmethod):
+        _differs(f"{IPEX_WOQ[1]}.from_weight is neither a classmethod nor static")
+        return "not needed"
     from vllm_xpu_fakes._ipex_woq_linear import opaque_ipex_woq_linear
 
-    made = cls.from_weight  # bound to the class if a classmethod
+    made = raw.__func__
+    bound = isinstance(raw, classmethod)  # IPEX's: made(cls, ...) is cls's
 
     def from_weight(*args, **kwargs):
         module = made(*args, **kwargs)
+        if not is_vllms(sys._getframe(1).f_globals.get("__name__", "")):
+            return module  # IPEX's own module, for any caller but vLLM
         name, index = WOQ_OUT_FEATURES
+        index += bound
         out = kwargs.get(name, args[index] if len(args) > index else None)
         out = getattr(module, "out_features", None) if out is None else out
         if not isinstance(out, int):
@@ -267,12 +390,16 @@ def _wrap_ipex_woq() -> None:
             return module
         return opaque_ipex_woq_linear(module, out)
 
+    from_weight.__name__ = from_weight.__qualname__ = "from_weight"
+    from_weight.__doc__ = made.__doc__
     setattr(from_weight, MARK, raw)
-    cls.from_weight = staticmethod(from_weight)
+    journal.setattr(cls, "from_weight", type(raw)(from_weight))
     _STATE["woq"] = (
-        f"IPEX WOQ linear modules wrapped as vllm::ipex_woq_linear "
-        f"({IPEX_WOQ[1]}.from_weight)"
+        f"IPEX WOQ linear modules wrapped as vllm::ipex_woq_linear for vLLM's "
+        f"calls of {IPEX_WOQ[1]}.from_weight"
     )
+    journal.undo.append(lambda: _STATE.__setitem__("woq", ""))
+    return "done"
 
 
 # ---------------------------------------------------------------------------
@@ -359,24 +486,74 @@ def _fits(callee, params: tuple[str, ...]) -> bool:
     return arity[0] <= len(params) and required <= arity[1]
 
 
-def _wrapper(op_name: str, original, params: tuple[str, ...]) -> Callable:
-    """What the callee becomes: a call of the op with the same arguments
-    (traced by Dynamo as one op with an exact fake); a call the contract
-    does not describe (more arguments, another keyword) goes to the
-    original, as before."""
+def _keywords(callee, names: tuple[str, ...]) -> frozenset[str]:
+    """The contract's parameters a call may give by keyword: those the
+    callee names the same at the same place (a keyword the callee does not
+    take must fail as it would)."""
+    try:
+        if hasattr(callee, "overloads"):  # a torch op: its first overload
+            schema = getattr(callee, callee.overloads()[0])._schema
+            theirs = [a.name for a in schema.arguments]
+        else:
+            theirs = list(inspect.signature(callee).parameters)
+    except (TypeError, ValueError, IndexError, AttributeError):
+        return frozenset()
+    return frozenset(n for i, n in enumerate(names) if theirs[i : i + 1] == [n])
+
+
+def _wrapper(name: str, op_name: str, original, params: tuple[str, ...]) -> object:
+    """What the callee becomes. Not traced by Dynamo: the original's call,
+    as it was (its return, its writes, any call form). Traced, a call the
+    contract describes becomes the op's (one node with an exact fake) and
+    returns what the callee returns (CALLEE_RETURNS); any other call form
+    stays the original's."""
     import torch
 
     op = getattr(torch.ops.vllm, op_name)
-    names = frozenset(p.split()[1].partition("=")[0] for p in params)
-    most = len(params)
+    names = tuple(p.split()[1].partition("=")[0] for p in params)
+    optional = frozenset(n for n, p in zip(names, params, strict=True) if "=" in p)
+    keywords = _keywords(original, names)
+    returns = CALLEE_RETURNS.get(name, "")
+    picked = ()  # the arguments it returns
+    if returns and returns != "result":
+        picked = tuple(names.index(r) for r in returns.split(", "))
+    compiling = getattr(torch.compiler, "is_compiling", None) or (
+        torch._dynamo.is_compiling
+    )
+
+    def bound(args: tuple, kwargs: dict) -> list | None:
+        """The contract's arguments in order, or None for a call the
+        contract does not describe."""
+        if len(args) > len(names):
+            return None
+        rest = names[len(args) :]
+        for key in kwargs:
+            if key not in rest or key not in keywords:
+                return None
+        given = list(args)
+        for n in rest:
+            if n in kwargs:
+                given.append(kwargs[n])
+            elif n in optional:
+                given.append(None)
+            else:
+                return None
+        return given
 
     def call(*args, **kwargs):
-        if len(args) + len(kwargs) > most:
+        if not compiling():
             return original(*args, **kwargs)
-        for name in kwargs:
-            if name not in names:
-                return original(*args, **kwargs)
-        return op(*args, **kwargs)
+        given = bound(args, kwargs)
+        if given is None:
+            return original(*args, **kwargs)
+        result = op(*given)
+        if returns == "result":
+            return result
+        if not picked:
+            return None
+        if len(picked) == 1:
+            return given[picked[0]]
+        return tuple(given[i] for i in picked)
 
     call.__name__ = call.__qualname__ = getattr(original, "__name__", op_name)
     call.__doc__ = f"{call.__name__} as torch.ops.vllm.{op_name} (vllm-xpu-fakes)"
@@ -401,30 +578,32 @@ class _ReboundOp:
         return getattr(self.__dict__[MARK], name)
 
 
-def _rebind_untraceable_calls() -> None:
+def _rebind_untraceable_calls(journal: _Journal) -> str:
     contracts = {
         name: contract
         for name, contract in _contracts().items()
         if _is_new(_live(name))
     }
     if not contracts:
-        return
+        return "done" if _STATE["rebound"] else "not needed"
     from vllm_xpu_fakes import _xpu_opaque_calls as opaque
 
-    rebound: dict[int, tuple[object, Callable, str]] = {}
+    rebound: dict[int, tuple[object, object, str]] = {}
     for name, (op_name, params, _mutates, _returns) in contracts.items():
         owner, attribute, original = _live(name)
         if not _fits(original, params):
             _differs(f"{name} does not take the parameters ({', '.join(params)})")
             continue
-        opaque._callees[name] = original  # the op's implementation calls it
-        wrapper = _wrapper(op_name, original, params)
-        setattr(owner, attribute, wrapper)
+        journal.setitem(opaque._callees, name, original)  # the op's kernel
+        wrapper = _wrapper(name, op_name, original, params)
+        journal.setattr(owner, attribute, wrapper)
         rebound[id(original)] = (original, wrapper, name)
-        _STATE["rebound"].append(name)
+        journal.append(_STATE["rebound"], name)
     del original
-    if rebound:
-        _sweep(rebound)
+    _sweep(rebound, journal)
+    for key, entry in rebound.items():
+        journal.setitem(_REBOUND, key, entry)
+    return "done" if _STATE["rebound"] else "not needed"
 
 
 def _is_new(live) -> bool:
@@ -432,50 +611,81 @@ def _is_new(live) -> bool:
     return live is not None and getattr(live[2], MARK, None) is None
 
 
-def _sweep(rebound: dict[int, tuple[object, Callable, str]]) -> None:
+def _sweep(rebound: dict, journal: _Journal) -> None:
     """Rebind the copies of the callees (`from x import f` taken before the
-    plugin ran) in the globals of every loaded module and in their classes;
-    then say what still holds an original (a default argument, a closure,
-    an instance): those calls stay as they were."""
-    for module in list(sys.modules.values()):
+    plugin ran) in the globals of vLLM's loaded modules and in the classes
+    they define. Other modules (IPEX's own, third-party code) keep what
+    they hold: their calls are not vLLM's."""
+    for name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
+        if not is_vllms(name) or not isinstance(namespace, dict):
             continue
         for key, value in list(namespace.items()):
             entry = rebound.get(id(value))
             if entry is not None and entry[0] is value:
-                namespace[key] = entry[1]
-                _STATE["copies"].append(f"{module.__name__}.{key}")
-            elif issubclass(type(value), type) and _defined_in(value, module):
-                _sweep_class(value, rebound)
-    _find_unreached(rebound)
+                journal.setitem(namespace, key, entry[1])
+                journal.append(_STATE["copies"], f"{name}.{key}")
+            elif isinstance(value, type) and _defined_in(value, name):
+                _sweep_class(value, rebound, journal)
 
 
-def _defined_in(cls: type, module) -> bool:
-    return type.__getattribute__(cls, "__module__") == module.__name__
+def _defined_in(cls: type, module_name: str) -> bool:
+    return type.__getattribute__(cls, "__module__") == module_name
 
 
-def _sweep_class(cls: type, rebound) -> None:
+def _binds(value) -> bool:
+    """Whether a class attribute holding it becomes a bound method."""
+    return hasattr(type(value), "__get__") and not isinstance(
+        value, staticmethod | classmethod
+    )
+
+
+def _sweep_class(cls: type, rebound, journal: _Journal) -> None:
     for key, value in list(vars(cls).items()):
-        entry = rebound.get(id(value))
-        if entry is not None and entry[0] is value:
-            setattr(cls, key, entry[1])
-            _STATE["copies"].append(f"{cls.__module__}.{cls.__qualname__}.{key}")
+        held = value.__func__ if isinstance(value, staticmethod) else value
+        entry = rebound.get(id(held))
+        if entry is None or entry[0] is not held:
+            continue
+        wrapper = entry[1]
+        if isinstance(value, staticmethod) or (_binds(wrapper) and not _binds(held)):
+            wrapper = staticmethod(wrapper)  # stays unbound, as the original was
+        journal.setattr(cls, key, wrapper)
+        journal.append(_STATE["copies"], f"{cls.__module__}.{cls.__qualname__}.{key}")
 
 
-def _find_unreached(rebound) -> None:
-    """What still holds an original after the sweep (one pass over the
-    objects the garbage collector tracks): each holder vLLM or a downstream
-    can call through, said in `not_reached`. torch's own bookkeeping of an
-    op (its overloads, a trace's nodes) is not a call site."""
-    from vllm_xpu_fakes import _xpu_opaque_calls as opaque
+# ---------------------------------------------------------------------------
+# What the sweep could not reach (on demand: a whole-heap search)
+# ---------------------------------------------------------------------------
 
-    originals = tuple(entry[0] for entry in rebound.values())
-    ours = {id(opaque._callees), id(originals), id(rebound), id(sys._getframe())}
-    ours |= {id(entry) for entry in rebound.values()}
-    for _, wrapper, _ in rebound.values():
+
+def unreached() -> list[str]:
+    """The copies of a rebound callee that vLLM's code can still call
+    through and the sweep could not rebind (a default argument, a closure,
+    an object's attribute, a container in a module's global), each said
+    once; also kept in state()["not_reached"]. Passes over every object the
+    garbage collector tracks: for the self-check and `make audit`, never at
+    start-up. Changes nothing; a search that fails says so."""
+    try:
+        found = _search_holders()
+    except Exception as e:  # noqa: BLE001 - said; nothing was changed
+        found = [f"unknown: the search failed ({type(e).__name__}: {e})"]
+    _STATE["not_reached"] = found
+    return list(found)
+
+
+def _search_holders() -> list[str]:
+    found: list[str] = []
+    originals = tuple(entry[0] for entry in _REBOUND.values())
+    if not originals:
+        return found
+    ours = {id(_REBOUND), id(originals), id(sys._getframe())}
+    ours |= {id(entry) for entry in _REBOUND.values()}
+    opaque = sys.modules.get("vllm_xpu_fakes._xpu_opaque_calls")
+    if opaque is not None:
+        ours.add(id(opaque._callees))
+    for _, wrapper, _ in _REBOUND.values():
         call = getattr(wrapper, "_call", wrapper)  # a _ReboundOp's function
-        ours |= {id(wrapper.__dict__), id(call.__dict__)}
+        ours |= {id(getattr(wrapper, "__dict__", None)), id(call.__dict__)}
         ours |= {id(cell) for cell in call.__closure__ or ()}
     holders = [
         h
@@ -485,18 +695,14 @@ def _find_unreached(rebound) -> None:
         and not _is_torchs(h)
         and not (isinstance(h, dict) and _is_module_dict(h))
     ]
-    for holder in holders[:MAX_HOLDERS]:
+    for holder in holders:
         where = _where_held(holder)
         if where:
-            names = [n for o, _, n in rebound.values() if _holds(holder, o)]
+            names = [n for o, _, n in _REBOUND.values() if _holds(holder, o)]
             what = f"{', '.join(names) or '?'} in {where}"
-            if what not in _STATE["not_reached"]:
-                _STATE["not_reached"].append(what)
-    if len(holders) > MAX_HOLDERS:
-        _STATE["not_reached"].append(f"{len(holders) - MAX_HOLDERS} more holders")
-
-
-MAX_HOLDERS = 20  # holders described (each costs a pass over the objects)
+            if what not in found:
+                found.append(what)
+    return found
 
 
 def _is_torchs(obj) -> bool:
@@ -510,24 +716,29 @@ def _is_module_dict(holder: dict) -> bool:
 
 
 def _where_held(holder) -> str:
-    """Where a holder of an original is, as a reader finds it: a default
-    argument or a closure of a function, an object's attribute, a container
-    in a module's global; '' for what nothing reachable holds (garbage of
-    a finished trace) or torch holds."""
+    """Where in vLLM's code a holder of an original is, as a reader finds
+    it: a default argument or a closure of a function, an object's
+    attribute, a container in a module's global; '' for what is not vLLM's
+    (IPEX's own modules, third-party code: their calls are theirs), what
+    nothing reachable holds (garbage of a finished trace), or torch's."""
     kind = type(holder).__name__
-    if kind in ("method", "partial"):
-        return f"a {kind}"
     for referrer in gc.get_referrers(holder):
         if isinstance(referrer, types.FunctionType):
+            if not is_vllms(referrer.__module__ or ""):
+                continue
             function = f"{referrer.__module__}.{referrer.__qualname__}"
             if referrer.__defaults__ is holder or referrer.__kwdefaults__ is holder:
                 return f"a default argument of {function}"
             if holder in (referrer.__closure__ or ()):
                 return f"a closure of {function}"
         elif isinstance(referrer, dict) and _is_module_dict(referrer):
+            if not is_vllms(referrer["__name__"]):
+                continue
             key = next((k for k, v in referrer.items() if v is holder), "?")
             return f"a {kind} in {referrer['__name__']}.{key}"
-        elif getattr(referrer, "__dict__", None) is holder and not _is_torchs(referrer):
+        elif getattr(referrer, "__dict__", None) is holder and is_vllms(
+            type(referrer).__module__ or ""
+        ):
             return f"an attribute of a {type(referrer).__qualname__} object"
     return ""
 

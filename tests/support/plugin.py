@@ -1,8 +1,11 @@
 """The vLLM plugin (plugin/) as the tests use it: its wheel, built by
 `make plugin`, and the wheel installed into a directory as pip installs a
-pure-Python wheel (its files and its .dist-info), for a Python to import."""
+pure-Python wheel (its files and its .dist-info), for a Python to import;
+its build backend, as a module."""
 
+import importlib.util
 import subprocess
+import types
 import zipfile
 from pathlib import Path
 
@@ -32,3 +35,13 @@ def installed(directory: Path) -> Path:
     with zipfile.ZipFile(wheel) as files:
         files.extractall(directory / "site")
     return directory / "site"
+
+
+def backend() -> types.ModuleType:
+    """plugin/vllm_xpu_fakes_build.py, the checkout's build backend, loaded
+    as a module of its own (not on sys.path)."""
+    path = paths.REPO / "plugin" / "vllm_xpu_fakes_build.py"
+    spec = importlib.util.spec_from_file_location("vllm_xpu_fakes_build", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,9 +1,11 @@
-"""The copies of the op facts (data/fakes.toml, data/op_schemas.toml) in
-files that must stay self-contained, written from the two data files:
+"""The copies of the op facts (data/fakes.toml, data/op_schemas.toml,
+data/opaque_calls.toml) in files that must stay self-contained, written
+from the data files:
 `make ops`, and `make refresh` before it makes the series.
 
 * Python files (the in-tree test's reference kernels, which go into vLLM
-  trees; make e2e's plugin, installed into engine venvs): the value of a
+  trees; make e2e's plugin, installed into engine venvs; the vLLM plugin's
+  WRAPPER_FAKES, which ships without the tool's data): the value of a
   named module-level assignment, found by its AST position, is replaced by
   the literal the registry gives (no marker in the file);
 * the docs: the marked places `<!-- ops:KEY -->text<!-- /ops -->`, as
@@ -25,6 +27,7 @@ from xpufakes.trees import pinfacts, pins
 
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
+PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
 INPLACE_TEST = "vllm_overlay/in-place/tests/kernels/quantization/test_xpu_gemm_fakes.py"
 DOCUMENTS = ("docs/contributors.md",)
 MARKED = pinfacts.marked("ops")
@@ -60,6 +63,7 @@ def python_values() -> dict[str, dict[str, object]]:
     """file -> {module-level name: the value the registry gives it}."""
     known = schemas()
     missing = [op["name"] for op in ops.FAKES if op["name"] not in known]
+    missing += [op for op in ops.WRAPPERS if op not in known]
     if missing:
         raise Refusal(f"op_schemas.toml has no schema for {', '.join(missing)}")
     by_era: dict[str, list[dict]] = {pins.KERNELS: [], pins.IPEX: []}
@@ -70,6 +74,7 @@ def python_values() -> dict[str, dict[str, object]]:
         for op in by_era[pins.KERNELS]
         if pins.version_tuple(op["since"]) > (0, 1, 0)
     )
+    opaque = tomllib.loads((paths.DATA / "opaque_calls.toml").read_text())
     return {
         REFERENCE: {
             "XPU_C_SCHEMAS": {
@@ -89,6 +94,15 @@ def python_values() -> dict[str, dict[str, object]]:
                     *(op["name"] for op in by_era[pins.IPEX]),
                     ops.IPEX_WOQ_OP,
                 ),
+            },
+        },
+        PLUGIN: {
+            "WRAPPER_FAKES": {
+                op: (known[op], wrapper.canonical)
+                for op, wrapper in ops.WRAPPERS.items()
+            },
+            "CALLEE_RETURNS": {
+                callee: entry["callee_returns"] for callee, entry in opaque.items()
             },
         },
     }
@@ -204,7 +218,8 @@ def _scalar(value: object) -> str:
 
 def literal(value: dict) -> str:
     """A dict literal, one entry a line (ruff's magic trailing comma), a
-    long string split, a long tuple one element a line."""
+    long string split, a long tuple one element a line (a long string
+    element split)."""
     lines = ["{"]
     for key, item in value.items():
         head = f"    {_quoted(key)}: "
@@ -215,7 +230,12 @@ def literal(value: dict) -> str:
             lines.extend(_string(item, head, "    ", ","))
         elif isinstance(item, tuple):
             lines.append(head + "(")
-            lines.extend(f"        {_scalar(v)}," for v in item)
+            for v in item:
+                element = f"        {_scalar(v)},"
+                if len(element) <= LINE or not isinstance(v, str):
+                    lines.append(element)
+                else:
+                    lines.extend(_string(v, "        ", "        ", ","))
             lines.append("    ),")
         else:
             raise ValueError(f"{key}: no layout for {item!r}")

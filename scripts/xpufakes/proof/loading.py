@@ -288,6 +288,9 @@ def load_plugin(directory: Path, any_platform: bool = False) -> dict:
     if not Path(plugin.__file__).is_relative_to(directory):
         raise RuntimeError(f"{PLUGIN_PACKAGE} came from {plugin.__file__}")
     plugin.register()
+    # what the sweep could not rebind: the plugin's whole-heap search, which
+    # its register() never runs at start-up
+    getattr(importlib.import_module(f"{PLUGIN_PACKAGE}.plugin"), "unreached", list)()
     return plugin.state()
 
 

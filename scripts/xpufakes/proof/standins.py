@@ -480,8 +480,8 @@ def install_ipex(woq_from_weight: Callable | None = None) -> types.ModuleType:
     )
 
     class IPEXWeightOnlyQuantizedLinear:
-        @staticmethod
-        def from_weight(*args, **kwargs):
+        @classmethod  # as IPEX's (llm/quantization/woq_linear.py)
+        def from_weight(cls, *args, **kwargs):
             if woq_from_weight is None:
                 raise RuntimeError("no IPEX WOQ linear stand-in was given")
             return woq_from_weight(*args, **kwargs)
