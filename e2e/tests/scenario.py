@@ -239,6 +239,7 @@ class Scenario:
                 done.stdout[-3000:],
                 done.stderr[-3000:],
             )
+            (work / f"{name}.log").write_text(done.stdout + done.stderr)
             found[name] = {"log": done.stdout, "stderr": done.stderr}
         found["probe"]["result"] = json.loads(out.read_text())
         return found
