@@ -920,8 +920,7 @@ def plugin_lines(repeats: int, serves: int | None = None, releases=None) -> list
         "changes what is in effect; a process's last line is that call's). "
         "The plugin installed from its wheel into the unpatched engine venv, "
         "with the e2e stand-ins plugin (which makes the XPU kernels on this "
-        "CPU) and VLLM_XPU_FAKES_ANY_PLATFORM=1; median, spread = "
-        "(max-min)/median.",
+        "CPU) and VLLM_XPU_FAKES_ANY_PLATFORM=1.",
         "",
         f"### In vLLM serve, TP=2, at start-up ({serves} start-ups per release)",
         "",
@@ -929,7 +928,8 @@ def plugin_lines(repeats: int, serves: int | None = None, releases=None) -> list
         "vllm.entrypoints.openai.api_server`) --tensor-parallel-size 2 "
         "--distributed-executor-backend mp, e2e's tiny model, online fp8, "
         "until it answers /health; processes told apart by pid "
-        "(VLLM_LOGGING_PREFIX) and the e2e plugin's record of each.",
+        "(VLLM_LOGGING_PREFIX) and the e2e plugin's record of each. Median "
+        "(each start-up's, in order).",
         "",
         "| vLLM | " + " | ".join(SERVE_ROLES) + " | lines per process | start-up |",
         "|---" * (len(SERVE_ROLES) + 3) + "|",
@@ -945,7 +945,8 @@ def plugin_lines(repeats: int, serves: int | None = None, releases=None) -> list
         cells = []
         for role in SERVE_ROLES:
             values = [s[role]["register_s"] for s in samples]
-            cells.append(f"{statistics.median(values):.3f} s ±{_spread(values):.0f}%")
+            each = ", ".join(f"{v:.3f}" for v in values)
+            cells.append(f"{statistics.median(values):.3f} s ({each})")
         said = sorted({s[role]["lines"] for s in samples for role in SERVE_ROLES})
         up = [s["startup_s"] for s in samples]
         lines.append(
@@ -957,7 +958,8 @@ def plugin_lines(repeats: int, serves: int | None = None, releases=None) -> list
         f"### In a bare process ({repeats} fresh processes per release)",
         "",
         "Each imports vLLM's plugin loader and loads the general plugins, as a "
-        "vLLM process does before it loads the model, and nothing else.",
+        "vLLM process does before it loads the model, and nothing else. "
+        "Median, spread = (max-min)/median.",
         "",
         "| vLLM | register() | load_general_plugins() | import vllm | "
         "fakes registered | calls rebound |",
