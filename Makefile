@@ -134,7 +134,7 @@ test-all: venv venv-tree  ## run the tests on every pinned release
 # the cache directory (e2e/venvs.py); E2E_RELEASES limits which are built.
 E2E_RELEASES ?=
 
-e2e-venvs:  ## build (once) the engine venvs of make e2e in the cache directory
+e2e-venvs:  ## build (once) the venvs of make e2e (the engines, IPEX's CPU build) in the cache directory
 	@$(PYTHON) e2e/venvs.py ensure $(E2E_RELEASES)
 
 e2e: venv e2e-venvs  ## vLLM's engine on its CPU builds, unpatched and patched (e2e/, docs/proof.md)

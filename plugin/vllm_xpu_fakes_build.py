@@ -6,7 +6,11 @@ The package is this directory's `vllm_xpu_fakes/` plus the overlay's modules
 shipped as they are except for the one import that names the package they
 live in (`from vllm._xpu_gemm_fakes import` becomes `from
 vllm_xpu_fakes._xpu_gemm_fakes import`): one source for both ways in.
-`tests/test_plugin.py` checks that the two cannot differ.
+`tests/test_plugin.py` checks that the two cannot differ. The same for the
+opcheck grid of the self-check (`python -m vllm_xpu_fakes --verify`): the
+overlay's tests/kernels/quantization/xpu_gemm_reference.py, the grid of the
+in-tree tests and `make verify-xpu`, shipped as it is
+(`tests/test_plugin_selfcheck.py` checks).
 
 The .dist-info carries the repository's LICENSE (`licenses/LICENSE`,
 `License-File: LICENSE`, core metadata 2.4), and METADATA's description is
@@ -46,6 +50,10 @@ OVERLAY = REPO / "vllm_overlay" / "vllm"
 # The overlay's modules the plugin ships, and the import each may contain
 # that names the vLLM package they are installed in.
 SHIPPED = ("_xpu_gemm_fakes.py", "_ipex_woq_linear.py", "_xpu_opaque_calls.py")
+# The overlay's test modules the plugin ships as they are: the opcheck grid
+# (its name in the package -> the file).
+GRID = REPO / "vllm_overlay" / "tests" / "kernels" / "quantization"
+SHIPPED_AS_IS = {"xpu_gemm_reference.py": GRID / "xpu_gemm_reference.py"}
 OVERLAY_IMPORT = "from vllm._xpu_gemm_fakes import "
 PLUGIN_IMPORT = f"from {PACKAGE}._xpu_gemm_fakes import "
 DATE = (1980, 1, 1, 0, 0, 0)  # the earliest a zip file can say
@@ -95,6 +103,8 @@ def shipped(name: str) -> bytes:
     the package itself when building from an sdist)."""
     if FROM_SDIST:
         return (HERE / PACKAGE / name).read_bytes()
+    if name in SHIPPED_AS_IS:
+        return SHIPPED_AS_IS[name].read_bytes()
     source = OVERLAY / name
     return source.read_text().replace(OVERLAY_IMPORT, PLUGIN_IMPORT).encode()
 
@@ -143,9 +153,9 @@ def package_files() -> dict[str, bytes]:
     """The package's files by path in the wheel, sorted."""
     files = {}
     for path in sorted((HERE / PACKAGE).glob("*.py")):
-        if path.name not in SHIPPED:
+        if path.name not in (*SHIPPED, *SHIPPED_AS_IS):
             files[f"{PACKAGE}/{path.name}"] = path.read_bytes()
-    for name in SHIPPED:
+    for name in (*SHIPPED, *SHIPPED_AS_IS):
         files[f"{PACKAGE}/{name}"] = shipped(name)
     return dict(sorted(files.items()))
 

@@ -1,14 +1,19 @@
 """The canonical fake module (vllm_overlay/vllm/_xpu_gemm_fakes.py) and the
 reference kernels, outside any vLLM tree: the reference math, the output
 layout rule, bad input, kernel-release-dependent checks, registration, and
-negative controls with deliberately wrong fakes.
+the real fake of every op of the registry (data/fakes.toml) through its
+opcheck grid, with its negative controls: the standard wrong fakes derived
+from the registry (support/wrong_fakes.py), and the real fake broken in a
+copy of the module. No sdist is needed: a new op's fake is checked here
+(`-k <op>`) as soon as it has its reference kernel and grid.
 
 Forked: fake registrations are process-global.
 """
 
+import ast
 import importlib
+import importlib.util
 import logging
-import re
 import sys
 from pathlib import Path
 
@@ -16,8 +21,10 @@ import pytest
 import torch
 import torch._dynamo.testing
 
-from support import grid, standins
-from xpufakes.common import paths
+from support import grid, standins, wrong_fakes
+from xpufakes.changes import opfacts
+from xpufakes.common import ops, paths
+from xpufakes.trees import pins
 
 pytestmark = pytest.mark.forked
 
@@ -29,8 +36,9 @@ def _fakes():
     return importlib.import_module("vllm._xpu_gemm_fakes")
 
 
-def _setup(release: str = "0.1.15.4"):
-    """Stand-ins of a vllm-xpu-kernels release and IPEX, then our fakes."""
+def _setup(release: str = ref.NEWEST_XPU_KERNELS):
+    """Stand-ins of a vllm-xpu-kernels release (by default the newest pin's,
+    which `make ops` writes into the reference) and IPEX, then our fakes."""
     libraries = [ref.define_xpu_c_kernels(release), ref.define_torch_ipex_kernels()]
     fakes = _fakes()
     fakes.register_xpu_gemm_fakes()
@@ -569,7 +577,7 @@ def test_an_earlier_wrong_fake_is_replaced_where_torch_refuses_by_default(
     """torch 2.8 - 2.12 (allow_override=False by default) with vLLM's
     flattening fake registered first. Negative control: registering without
     allow_override=True raises there, and the flattened [15, 48] stays."""
-    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    libraries = [ref.define_xpu_c_kernels()]  # noqa: F841
     monkeypatch.setattr(
         torch.library, "register_fake", _register_fake_of_torch(allow_override=False)
     )
@@ -586,7 +594,7 @@ def test_a_register_fake_without_allow_override_still_registers(monkeypatch):
     nightlies before it was added) although its version says 2.8.
     Negative control: deciding from the version (>= 2.8 -> pass it) raises
     TypeError there, and nothing is registered."""
-    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]  # noqa: F841
+    libraries = [ref.define_xpu_c_kernels()]  # noqa: F841
     monkeypatch.setattr(torch, "__version__", "2.8.0.dev20250301+cpu")
     monkeypatch.setattr(
         torch.library, "register_fake", _register_fake_of_torch(allow_override=None)
@@ -620,39 +628,166 @@ def test_the_fakes_expect_the_schemas_the_kernels_register():
 
 
 # ---------------------------------------------------------------------------
-# Negative controls: the grid catches wrong fakes
+# The real fake of each op of the registry (data/fakes.toml), through its
+# opcheck grid on the stand-ins: no sdist, no vLLM tree. Negative controls:
+# the standard wrong fakes derived from the registry (support/wrong_fakes.py)
+# and the real fake broken in a copy of its module each fail the grid.
 # ---------------------------------------------------------------------------
+
+FAKES_FILE = paths.OVERLAY / "vllm" / "_xpu_gemm_fakes.py"
+OPS = {op["name"]: op for op in ops.FAKES}
 
 
 def _flattening_fake(A, B, B_scale, bias):  # vLLM's: 2-D, contiguous
     return A.new_empty((A.numel() // A.shape[-1], B.shape[-1]))
 
 
-def _contiguous_fake(A, B, B_scale, bias):  # right shape, contiguous strides
-    return A.new_empty((*A.shape[:-1], B.shape[-1]))
+def op_schemas() -> dict[str, str]:
+    """qualified op -> its schema (data/op_schemas.toml), as torch prints it."""
+    return opfacts.schemas()
 
 
-def _fp32_fake(A, B, out_dtype, A_scale, B_scale, bias):  # default dtype
-    return A.new_empty((*A.shape[:-1], B.shape[-1]), dtype=out_dtype or torch.float32)
+def _kernels_release(op: dict) -> str:
+    """The vllm-xpu-kernels release whose stand-ins the op is checked on: the
+    newest pin's kernels pin, or the op's `since` if that is newer."""
+    newest = next(p for p in reversed(pins.load().ordered()) if p.era == "kernels")
+    release = newest.kernels.split()[-1]
+    since = op.get("since", "0")
+    return max(release, since, key=ref.parse_version)
 
 
-@pytest.mark.parametrize(
-    "op,wrong,expected",
-    [
-        ("fp8_gemm_w8a16", _flattening_fake, r"fp8_gemm_w8a16-3d-.*"),
-        ("fp8_gemm_w8a16", _contiguous_fake, r"fp8_gemm_w8a16-(3d-mbk|row-sliced)-.*"),
-        ("fp8_gemm", _fp32_fake, r"fp8_gemm-.*-out_dtype-None-.*"),
-    ],
-    ids=["flattened", "contiguous-strides", "fp32-default"],
-)
-def test_the_grid_catches_a_wrong_fake(op, wrong, expected):
-    libraries, _ = _setup()  # noqa: F841
-    override = torch.library.Library("_xpu_C", "FRAGMENT")
-    torch.library.register_fake(f"_xpu_C::{op}", wrong, lib=override)
-    failed = grid.failures(grid.run([c for c in grid.cases() if c.name == op]))
-    matching = [case for case in failed if re.fullmatch(expected, case)]
-    assert matching, failed
-    assert all("test_faketensor" in failed[c] for c in matching)
+def _stand_in(name: str) -> list:
+    """The op's stand-in (its schema, the reference kernel); keep the
+    returned libraries referenced."""
+    op = OPS[name]
+    if op["era"] == "ipex":
+        return [ref.define_torch_ipex_kernels()]
+    return [ref.define_xpu_c_kernels(_kernels_release(op))]
+
+
+def _grid_of(name: str) -> list:
+    """The op's cases of the reference's opcheck grid (CASE_SPACE)."""
+    namespace, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    return [
+        c
+        for c in grid.cases()
+        if (c.namespace, c.name) == (namespace, op)
+        and (not overload or c.overload == overload)
+    ]
+
+
+def _load_fakes(path: Path):
+    """The fake module at path, as a module of its own (a test forks)."""
+    spec = importlib.util.spec_from_file_location("xpu_gemm_fakes_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _register_the_modules_fake(fakes, name: str):
+    """Register the module's fakes; the op's is the function the registry
+    names. Returns that function."""
+    registered = fakes.register_xpu_gemm_fakes() + fakes.register_ipex_gemm_fakes()
+    assert name in registered, (name, registered)
+    fake = getattr(fakes, OPS[name]["fake"])
+    assert fakes._registrations[name].fake is fake
+    return fake
+
+
+def _grid_failures(name: str, chosen: list) -> dict[str, str]:
+    """case id -> its failure, for the op's chosen cases; every case must
+    have run (a case whose op is not defined proves nothing)."""
+    results = grid.run(chosen)
+    assert len(results) == len(chosen) > 0, (name, sorted(results))
+    return grid.failures(results)
+
+
+def _cases_it_must_fail(name: str, wrong: wrong_fakes.WrongFake) -> list:
+    """The op's cases the wrong fake gets wrong, from each case's arguments
+    and what the stand-in kernel returns for them (call with no fake
+    registered: the kernel runs eagerly). The grid must have some."""
+    schema = op_schemas()[name]
+    chosen = []
+    for case in _grid_of(name):
+        args = case.args("cpu")
+        if wrong.must_fail(schema, args, case.op()(*args)):
+            chosen.append(case)
+    assert chosen, (
+        f"no case of {name}'s grid (CASE_SPACE) has what a {wrong.name} fake "
+        "gets wrong: add the layouts (LAYOUTS) or the out_dtype None it lacks"
+    )
+    return chosen
+
+
+def _flattened_copy(directory: Path, fake: str) -> Path:
+    """A copy of the fake module in which the function `fake` returns its
+    output flattened to 2-D (every return of it)."""
+    tree = ast.parse(FAKES_FILE.read_text())
+    function = next(
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fake
+    )
+    for node in ast.walk(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            node.value = ast.Call(
+                ast.Name("_flattened_by_the_test", ast.Load()), [node.value], []
+            )
+    tree.body += ast.parse(
+        "def _flattened_by_the_test(out):\n"
+        "    return out.new_empty((out.numel() // out.size(-1), out.size(-1)))\n"
+    ).body
+    copy = directory / "_xpu_gemm_fakes.py"
+    copy.write_text(ast.unparse(ast.fix_missing_locations(tree)))
+    return copy
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_the_real_fake_passes_its_grid(name):
+    """The fake of vllm_overlay/vllm/_xpu_gemm_fakes.py that the registry
+    names, registered by the module, on every case of the op's grid."""
+    libraries = _stand_in(name)  # noqa: F841
+    _register_the_modules_fake(_load_fakes(FAKES_FILE), name)
+    assert _grid_failures(name, _grid_of(name)) == {}
+
+
+WRONG = [
+    (name, wrong.name)
+    for name in sorted(OPS)
+    for wrong in wrong_fakes.for_schema(op_schemas()[name])
+]
+
+
+@pytest.mark.parametrize(("name", "wrong"), WRONG, ids=["-".join(w) for w in WRONG])
+def test_a_standard_wrong_fake_fails_the_grid(name, wrong):
+    """Negative control of the test above: the real fake made wrong in a
+    standard way (support/wrong_fakes.py) fails every case it gets wrong,
+    in test_faketensor. The op's grid must have such cases."""
+    libraries = _stand_in(name)  # noqa: F841
+    wrong_fake = wrong_fakes.by_name(wrong)
+    chosen = _cases_it_must_fail(name, wrong_fake)
+    real = getattr(_load_fakes(FAKES_FILE), OPS[name]["fake"])
+    library = torch.library.Library(name.partition("::")[0], "FRAGMENT")  # noqa: F841
+    torch.library.register_fake(
+        name, wrong_fake.wrap(real, op_schemas()[name]), lib=library
+    )
+    failed = _grid_failures(name, chosen)
+    assert set(failed) == {c.id for c in chosen}, failed
+    assert all("test_faketensor" in failure for failure in failed.values()), failed
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_the_real_fake_broken_in_a_copy_fails_its_grid(name, tmp_path):
+    """Negative control: the module's own fake of the op, changed in a copy
+    of the module to flatten its output to 2-D, registered by that copy as
+    the test above registers the real one, fails the op's cases whose
+    output is not 2-D (or is an argument)."""
+    libraries = _stand_in(name)  # noqa: F841
+    chosen = _cases_it_must_fail(name, wrong_fakes.by_name("flattened"))
+    copy = _load_fakes(_flattened_copy(tmp_path, OPS[name]["fake"]))
+    _register_the_modules_fake(copy, name)
+    failed = _grid_failures(name, chosen)
+    assert set(failed) == {c.id for c in chosen}, failed
+    assert all("test_faketensor" in failure for failure in failed.values()), failed
 
 
 # ---------------------------------------------------------------------------
@@ -672,7 +807,9 @@ def test_the_grid_runs_the_kernel_checks_and_they_can_fail():
     chosen = [c for c in grid.cases() if c.name == "int4_gemm_w4a16"]
     assert chosen and grid.failures(grid.run(chosen)) == {}
     assert all("test_schema" in c.kernel_checks() for c in chosen)
-    kernels = ref.make_xpu_c_kernels(ref._Release(ref.parse_version("0.1.15.4")))
+    kernels = ref.make_xpu_c_kernels(
+        ref._Release(ref.parse_version(ref.NEWEST_XPU_KERNELS))
+    )
     # a stand-in that records autograd history below the autograd key
     lib = _override_standin("int4_gemm_w4a16", kernels["int4_gemm_w4a16"])
     failed = grid.failures(grid.run(chosen))

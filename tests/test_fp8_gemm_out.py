@@ -23,7 +23,7 @@ SCHEMA_ERROR = "Argument out is not defined to alias output but was aliasing"
 
 
 def _setup():
-    libraries = [ref.define_xpu_c_kernels("0.1.15.4")]
+    libraries = [ref.define_xpu_c_kernels()]
     sys.path.insert(0, str(paths.OVERLAY))
     fakes = importlib.import_module("vllm._xpu_gemm_fakes")
     assert "_xpu_C::fp8_gemm_out" in fakes.register_xpu_gemm_fakes()

@@ -14,10 +14,11 @@ What it holds:
   traces whole. DeepSeek-V2's MLA is the tree's limit on both (its XPU
   platform gives MLA a FlashAttention backend), llm-scaler's sym_int4 entry
   is not for this tree.
-* 0.33.0, the newest pin: unpatched and patched, every model traces whole
-  (vLLM's own fakes suffice there); the negative control is the tree
-  without vLLM's fp8_gemm_w8a16 / int4_gemm_w4a16 fakes, where every
-  quantized model fails. sp is the tree's limit (no sequence parallelism).
+* the newest pin (releases.newest()): unpatched and patched, every model
+  traces whole (vLLM's own fakes suffice there); the negative control is
+  the tree without vLLM's fp8_gemm_w8a16 / int4_gemm_w4a16 fakes, where
+  every quantized model fails. sp is the tree's limit (no sequence
+  parallelism).
 * every configuration of every model takes at most 30 s to build and trace.
 """
 
@@ -88,7 +89,7 @@ def test_the_catalog_on_the_b6_like_tree(tmp_path):
 
 
 def test_the_catalog_on_the_newest_pin(tmp_path):
-    version = "0.33.0"
+    version = releases.newest()
     pristine = traces(releases.pristine(version), tmp_path, ALL)
     patched_root = releases.copy_of(version, tmp_path / "patched")
     applied = tool.run("apply", str(patched_root), "--no-proof")

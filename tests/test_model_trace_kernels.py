@@ -81,7 +81,7 @@ def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
             assert f"_xpu_C.{op}" in modelproof.cell(result), result
 
 
-NEWEST = "0.33.0"
+NEWEST = releases.newest()
 # MLA (DeepSeek-V2-Lite: MLA, DeepSeek's YaRN rope, routed + shared experts)
 # and int4 GPTQ (AutoGPTQLinearMethod on XPUwNa16LinearKernel)
 NEWEST_MODELS = ["deepseek_v2_fp8", "qwen2_gptq"]
@@ -101,9 +101,9 @@ def without_fakes(version: str, destination, guards=FAKE_GUARDS):
 
 
 def test_newest_mla_and_gptq_trace_whole_and_fail_without_vllms_fakes(tmp_path):
-    """0.33.0 runs MLA on XPU (its Triton MLA backend, inside vLLM's opaque
-    vllm::unified_mla_attention_with_output) and GPTQ on the XPU int4
-    kernel; it has no sequence parallelism (0.32.0 removed it)."""
+    """The newest pin runs MLA on XPU (its Triton MLA backend, inside vLLM's
+    opaque vllm::unified_mla_attention_with_output) and GPTQ on the XPU
+    int4 kernel; it has no sequence parallelism (0.32.0 removed it)."""
     found = traces(releases.pristine(NEWEST), tmp_path, NEWEST_MODELS)
     mla, gptq = (found[m]["default"] for m in NEWEST_MODELS)
     assert mla["result"] == "traced", mla

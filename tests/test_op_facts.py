@@ -10,11 +10,16 @@ verbatim from the kernels' sources). Nothing else writes one by hand:
   `<!-- ops:KEY -->` figures.
   Every generated place must hold what the generator writes;
 * read at run time: the tool's lists (common/ops.py: the GEMMs, the
-  in-place cut's shared test regions);
+  in-place cut's shared test regions), the kernels patch header's op list
+  (the `{ops}` of data/dep3_headers.toml, filled by changes/recipes.py);
 * written with the fake or the reference kernel, and checked here: the
   fake module's decorators and its kernels' feature gates
   (``_KERNEL_FEATURES``), the reference's kernel functions, its opcheck
-  grid (``CASE_SPACE``), the in-place test's regions, the patch headers.
+  grid (``CASE_SPACE``), the in-place test's regions, the patch headers'
+  names of the ops.
+
+Whether a fake is right is tests/test_fakes_contract.py's: it runs each
+op's real fake through its grid.
 
 Besides the generator's own output, every copy is also checked against the
 data directly (a second reading, so a wrong generator fails too). Each
@@ -29,10 +34,11 @@ import tomllib
 import pytest
 
 from support import tool
-from xpufakes.changes import opfacts
+from xpufakes.changes import opfacts, recipes
 from xpufakes.common import ops
+from xpufakes.proof import models
 from xpufakes.staging import inplace, upstream
-from xpufakes.trees import pins
+from xpufakes.trees import pinfacts, pins
 
 REPO = tool.SCRIPTS.parent
 DATA = tool.SCRIPTS / "xpufakes" / "data"
@@ -42,6 +48,7 @@ E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
 PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
 INPLACE_TEST = opfacts.INPLACE_TEST
 CONTRIBUTORS = "docs/contributors.md"
+TRACED_PATH = "docs/traced-path.md"
 HEADERS = "scripts/xpufakes/data/dep3_headers.toml"
 # Ours, but not a GEMM of a kernel package: vLLM's op around IPEX's WOQ
 # module (vllm_overlay/vllm/_ipex_woq_linear.py), with its own test.
@@ -87,6 +94,7 @@ def _sources() -> dict[str, str]:
             INPLACE_TEST,
             HEADERS,
             CONTRIBUTORS,
+            TRACED_PATH,
         )
     }
 
@@ -253,25 +261,40 @@ def generated_disagrees(path: str, text: str) -> list[str]:
             for m in opfacts.MARKED.finditer(text)
             if m.group(2) != known.get(m.group(1))
         ]
+    if path in opfacts.MODEL_DOCUMENTS:
+        known = opfacts.model_facts()
+        problems += [
+            f"{path}: models:{m.group(1)} is not what `make ops` writes"
+            for m in pinfacts.marked("models").finditer(text)
+            if m.group(2) != known.get(m.group(1))
+        ]
     rewrite = opfacts.expected(REPO).get(path)
     if not problems and rewrite and rewrite(text) != text:
         problems.append(f"{path}: not as `make ops` lays it out")
     return problems
 
 
-def header_disagrees(headers: str) -> list[str]:
-    """The kernels-era patch's header (its PR text) names each GEMM of the
-    table, and the IPEX-era one the IPEX op."""
+def header_disagrees(headers: str, table: list[dict] | None = None) -> list[str]:
+    """The kernels-era patch's header (its PR text), as the series carries
+    it (recipes.with_ops fills its `{ops}` from the table), names each GEMM
+    of the table, and the IPEX-era one the IPEX op; the kernels header
+    names no op by hand (it has the `{ops}` place)."""
     texts = tomllib.loads(headers)
-    return [
+    table = _table() if table is None else table
+    gemms = [op["name"].partition("::")[2] for op in table if op["era"] == "kernels"]
+    rendered = {**texts, "kernels": recipes.with_ops(texts["kernels"], gemms)}
+    problems = [
         f"the {era} patch's header does not name {op['name']}"
-        for op in _table()
+        for op in table
         for era in [op["era"]]
         if not re.search(
             rf"\b{op['name'].partition('::')[2].split('.')[0]}\b",
-            " ".join(texts[era].split()),
+            " ".join(rendered[era].split()),
         )
     ]
+    if "{ops}" not in texts["kernels"]:
+        problems.append("the kernels patch's header lists its ops by hand, no {ops}")
+    return problems
 
 
 # ---------------------------------------------------------------------------
@@ -300,9 +323,33 @@ def test_the_in_place_tests_regions_agree_with_the_table():
     assert inplace_disagrees(_sources()[INPLACE_TEST]) == []
 
 
-@pytest.mark.parametrize("path", [REFERENCE, E2E_STANDINS, PLUGIN, CONTRIBUTORS])
+@pytest.mark.parametrize(
+    "path", [REFERENCE, E2E_STANDINS, PLUGIN, CONTRIBUTORS, TRACED_PATH]
+)
 def test_every_generated_place_holds_what_make_ops_writes(path):
     assert generated_disagrees(path, _sources()[path]) == []
+
+
+def test_the_catalogs_figures_are_the_catalogs():
+    """A second count of docs/traced-path.md's catalog figures: the models
+    as the proof loads them, each by the architecture its config names.
+    Negative control: the figure it had (13 architectures for 12) fails."""
+    catalog = models.load()
+    architectures = {m.config["architectures"][0] for m in catalog.values()}
+    text = _sources()[TRACED_PATH]
+    found = {m.group(1): m.group(2) for m in pinfacts.marked("models").finditer(text)}
+    assert found == {
+        "entries": str(len(catalog)),
+        "architectures": str(len(architectures)),
+    }
+    wrong = text.replace(
+        f"<!-- models:architectures -->{len(architectures)}<",
+        f"<!-- models:architectures -->{len(architectures) + 1}<",
+    )
+    assert wrong != text
+    assert generated_disagrees(TRACED_PATH, wrong) == [
+        f"{TRACED_PATH}: models:architectures is not what `make ops` writes"
+    ]
 
 
 def test_the_docs_figures_of_the_in_place_test_are_the_cuts():
@@ -360,6 +407,30 @@ def test_the_tools_lists_agree_with_the_table():
 # ---------------------------------------------------------------------------
 # Negative controls: one fact changed in one copy is named
 # ---------------------------------------------------------------------------
+
+# the docs' figure of the in-place test's cases, as make ops writes it (an op
+# given cases changes it)
+_CASES = opfacts.doc_facts(REPO)["inplace_cases"]
+
+
+def replace_once(text: str, old: str, new: str) -> str:
+    """`text` with the first match of `old` replaced by `new`, whatever the
+    whitespace between old's words in the text (a file re-wrapped or
+    re-indented still matches; leading and trailing whitespace of both
+    ignored)."""
+    pattern = r"\s+".join(re.escape(word) for word in old.split())
+    match = re.search(pattern, text)
+    assert match, f"the control no longer matches its file: {old!r}"
+    return text[: match.start()] + new.strip() + text[match.end() :]
+
+
+def test_a_control_matches_its_text_however_it_is_wrapped():
+    """Negative control of replace_once: a control's words across a line
+    break, re-indented, are found; other words are not."""
+    text = "a = [\n    fp8_gemm,\n        fp4_gemm and\n    int4]\n"
+    assert replace_once(text, "fp8_gemm, fp4_gemm and int4", "x") == "a = [\n    x]\n"
+    with pytest.raises(AssertionError, match="no longer matches"):
+        replace_once(text, "fp8_gemm, int4", "x")
 
 
 @pytest.mark.parametrize(
@@ -457,8 +528,8 @@ def test_the_tools_lists_agree_with_the_table():
         ),
         (
             CONTRIBUTORS,
-            "<!-- ops:inplace_cases -->60<!-- /ops --> cases",
-            "<!-- ops:inplace_cases -->59<!-- /ops --> cases",
+            f"<!-- ops:inplace_cases -->{_CASES}<!-- /ops --> cases",
+            f"<!-- ops:inplace_cases -->{int(_CASES) + 1}<!-- /ops --> cases",
             f"{CONTRIBUTORS}: ops:inplace_cases is not what",
         ),
         (
@@ -469,9 +540,9 @@ def test_the_tools_lists_agree_with_the_table():
         ),
         (
             HEADERS,
-            "fp8_gemm_w8a16, fp4_gemm, int4_gemm_w4a16 and",
-            "fp8_gemm_w8a16, fp4_gemm and",
-            "does not name _xpu_C::int4_gemm_w4a16",
+            "mirrors their input checks, for {ops}.",
+            "mirrors their input checks, for fp8_gemm and fp4_gemm.",
+            "the kernels patch's header lists its ops by hand",
         ),
     ],
     ids=[
@@ -492,13 +563,12 @@ def test_the_tools_lists_agree_with_the_table():
         "inplace-cases",
         "doc-figure",
         "plugin-callee-returns",
-        "patch-header",
+        "patch-header-by-hand",
     ],
 )
 def test_a_disagreeing_copy_is_named(path, old, new, expected):
     sources = _sources()
-    assert old in sources[path], "the control no longer matches its file"
-    sources[path] = sources[path].replace(old, new, 1)
+    sources[path] = replace_once(sources[path], old, new)
     found = (
         fake_module_disagrees(sources[FAKES_MODULE])
         + reference_disagrees(sources[REFERENCE], sources[FAKES_MODULE])
@@ -509,6 +579,28 @@ def test_a_disagreeing_copy_is_named(path, old, new, expected):
         + header_disagrees(sources[HEADERS])
     )
     assert any(expected in problem for problem in found), found
+
+
+def test_the_kernels_header_names_an_op_added_to_the_table():
+    """The op list of the kernels patch's header follows the table: with a
+    new op in the table it is named last, in a paragraph still wrapped to
+    the header's width. Negative control: the header with its op list
+    written by hand (the table's ops before) does not name the new op."""
+    gemm = "gemm_of_this_test"  # in no table
+    table = [*_table(), {"name": f"_xpu_C::{gemm}", "era": "kernels"}]
+    assert gemm not in ops.XPU_C_GEMMS
+    headers = _sources()[HEADERS]
+    assert header_disagrees(headers, table) == []
+    gemms = [op["name"].partition("::")[2] for op in table if op["era"] == "kernels"]
+    kernels = recipes.with_ops(tomllib.loads(headers)["kernels"], gemms)
+    assert f"{gemms[-2]} and {gemm}. A fake is registered" in " ".join(kernels.split())
+    paragraph = next(p for p in kernels.split("\n .\n") if gemm in p)
+    assert max(len(line) for line in paragraph.splitlines()) <= recipes.HEADER_WIDTH
+    by_hand = headers.replace("{ops}", recipes.op_list(list(ops.XPU_C_GEMMS)))
+    assert header_disagrees(by_hand, table) == [
+        f"the kernels patch's header does not name _xpu_C::{gemm}",
+        "the kernels patch's header lists its ops by hand, no {ops}",
+    ]
 
 
 def test_a_registry_change_without_make_ops_is_named(monkeypatch):

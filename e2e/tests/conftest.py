@@ -89,6 +89,7 @@ def _release_of(item) -> str:
         "serve_release",
         "orders_release",
         "front_end_release",
+        "selfcheck_release",
     ):
         rel = params.get(name, rel)
     return rel

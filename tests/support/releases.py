@@ -19,7 +19,7 @@ from xpufakes.trees import fetch, pins, tree
 
 def newest() -> str:
     """The newest pinned release (a new pin moves it: no test names it)."""
-    return pins.load().ordered()[-1].version
+    return pins.load().newest().version
 
 
 def first() -> str:
@@ -28,16 +28,21 @@ def first() -> str:
 
 def newer_than_every_pin() -> str:
     """A plain release newer than every pin (the next minor release)."""
-    major, minor = pins.load().ordered()[-1].release[:2]
-    return f"{major}.{minor + 1}.0"
+    return pins.load().next_release()
 
 
-ERA_EXAMPLES = ("0.10.2", "0.14.1", "0.16.0", "0.27.1", newest())
+def newest_kernels() -> str:
+    """The vllm-xpu-kernels release the newest kernels-era pin pins."""
+    return pins.load().newest_kernels()
+
+
+# fixtures of each era (the newest pin is added when asked: it moves)
+ERA_EXAMPLES = ("0.10.2", "0.14.1", "0.16.0", "0.27.1")
 
 
 def representative() -> list[str]:
     releases = pins.load().releases
-    chosen = set(ERA_EXAMPLES) & {"0.14.1", newest()}
+    chosen = {"0.14.1", newest()}
     seen_series: set[str] = set()
     for version, pin in releases.items():
         if pin.series not in seen_series:
@@ -47,7 +52,7 @@ def representative() -> list[str]:
 
 
 def era_examples() -> list[str]:
-    return list(ERA_EXAMPLES)
+    return [*ERA_EXAMPLES, newest()]
 
 
 def all_releases() -> list[str]:

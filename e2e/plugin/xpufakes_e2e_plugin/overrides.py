@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Override:
-    era: str  # "ipex" (vLLM 0.10.2 - 0.14.1) or "kernels" (0.16.0 - 0.33.0)
+    era: str  # "ipex" (vLLM 0.10.2 - 0.14.1) or "kernels" (0.16.0 on)
     target: str  # what in vLLM
     why: str
     apply: Callable[[], None]

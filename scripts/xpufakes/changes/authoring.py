@@ -146,7 +146,6 @@ def _normalized(diff: str) -> str:
 
 
 def refresh(date: str | None = None) -> list[Variant]:
-    opfacts.write()  # the overlay's copies, before the series
     known = pins.load().releases if paths.PINS.exists() else {}
     variants: dict[tuple, Variant] = {}
     entries = {}
@@ -174,6 +173,10 @@ def refresh(date: str | None = None) -> list[Variant]:
             entries[version]["series"] = variant.series
     _write_pins(entries)
     pins.load.cache_clear()
+    # the copies of the data (the overlay's among them; the series names
+    # overlay files, it holds none), from the pins just written: the
+    # reference kernels' newest kernels release is the newest pin's
+    opfacts.write()
     pinfacts.write(paths.REPO)
     newest = pins.load().ordered()[-1]
     write_overlay_lint(fetch.fetch(newest) / "pyproject.toml")

@@ -48,10 +48,9 @@ def from_requirements(text: str) -> str | None:
 
 
 def newest_xpu_kernels() -> str:
-    """The newest vllm-xpu-kernels release the reference kernels know
-    (read from the file, without importing torch)."""
-    match = re.search(r'^NEWEST_XPU_KERNELS = "([^"]+)"', REFERENCE.read_text(), re.M)
-    return match.group(1)
+    """The newest vllm-xpu-kernels release: the newest kernels-era pin's
+    (the reference kernels' NEWEST_XPU_KERNELS is its copy, `make ops`)."""
+    return pins.load().newest_kernels()
 
 
 def of_tree(root: Path, pin: pins.Pin | None = None) -> str:

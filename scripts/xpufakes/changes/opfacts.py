@@ -1,15 +1,17 @@
 """The copies of the op facts (data/fakes.toml, data/op_schemas.toml,
-data/opaque_calls.toml) in files that must stay self-contained, written
-from the data files:
-`make ops`, and `make refresh` before it makes the series.
+data/opaque_calls.toml), of the newest kernels pin (patches/pins.toml) and
+of the catalog's figures (data/models.toml) in files that must stay
+self-contained, written from the data files:
+`make ops`, and `make refresh` once it has written pins.toml.
 
 * Python files (the in-tree test's reference kernels, which go into vLLM
   trees; make e2e's plugin, installed into engine venvs; the vLLM plugin's
   WRAPPER_FAKES, which ships without the tool's data): the value of a
   named module-level assignment, found by its AST position, is replaced by
   the literal the registry gives (no marker in the file);
-* the docs: the marked places `<!-- ops:KEY -->text<!-- /ops -->`, as
-  trees/pinfacts.py writes `<!-- pins:... -->`.
+* the docs: the marked places `<!-- ops:KEY -->text<!-- /ops -->` and
+  `<!-- models:KEY -->text<!-- /models -->`, as trees/pinfacts.py writes
+  `<!-- pins:... -->`.
 
 tests/test_op_facts.py checks that every place holds what `expected` says,
 so a copy edited by hand, or a registry edited without `make ops`, fails."""
@@ -31,6 +33,8 @@ PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
 INPLACE_TEST = "vllm_overlay/in-place/tests/kernels/quantization/test_xpu_gemm_fakes.py"
 DOCUMENTS = ("docs/contributors.md",)
 MARKED = pinfacts.marked("ops")
+# the documents with the catalog's figures (`<!-- models:KEY -->`)
+MODEL_DOCUMENTS = ("docs/traced-path.md",)
 # changed lines of the in-place cut in all, tests included, that
 # tests/test_stage.py holds it to (issue 19)
 INPLACE_AIM = 350
@@ -60,7 +64,8 @@ def _unqualified(op: str) -> str:
 
 
 def python_values() -> dict[str, dict[str, object]]:
-    """file -> {module-level name: the value the registry gives it}."""
+    """file -> {module-level name: the value the registry (and, for the
+    newest kernels release, the pins) gives it}."""
     known = schemas()
     missing = [op["name"] for op in ops.FAKES if op["name"] not in known]
     missing += [op for op in ops.WRAPPERS if op not in known]
@@ -86,6 +91,7 @@ def python_values() -> dict[str, dict[str, object]]:
                 _unqualified(op["name"]): _unqualified(known[op["name"]])
                 for op in by_era[pins.IPEX]
             },
+            "NEWEST_XPU_KERNELS": pins.load().newest_kernels(),
         },
         E2E_STANDINS: {
             "CHECKED_OPS": {
@@ -184,6 +190,14 @@ def doc_facts(repo: Path) -> dict[str, str]:
     }
 
 
+def model_facts() -> dict[str, str]:
+    """KEY -> the text of each `<!-- models:KEY -->` place: the catalog's
+    entries and its distinct architectures (config.json's first)."""
+    catalog = tomllib.loads((paths.DATA / "models.toml").read_text())
+    architectures = {entry["config"]["architectures"][0] for entry in catalog.values()}
+    return {"entries": str(len(catalog)), "architectures": str(len(architectures))}
+
+
 # ---------------------------------------------------------------------------
 # Python literals, formatted as ruff formats them
 # ---------------------------------------------------------------------------
@@ -216,10 +230,12 @@ def _scalar(value: object) -> str:
     return repr(value)
 
 
-def literal(value: dict) -> str:
+def literal(value: object) -> str:
     """A dict literal, one entry a line (ruff's magic trailing comma), a
     long string split, a long tuple one element a line (a long string
-    element split)."""
+    element split); anything else as one scalar."""
+    if not isinstance(value, dict):
+        return _scalar(value)
     lines = ["{"]
     for key, item in value.items():
         head = f"    {_quoted(key)}: "
@@ -286,6 +302,9 @@ def expected(repo: Path) -> dict[str, Callable[[str], str]]:
     known = doc_facts(repo)
     for name in DOCUMENTS:
         rewriters[name] = lambda text: pinfacts.rewrite(text, known, "ops")
+    catalog = model_facts()
+    for name in MODEL_DOCUMENTS:
+        rewriters[name] = lambda text: pinfacts.rewrite(text, catalog, "models")
     return rewriters
 
 

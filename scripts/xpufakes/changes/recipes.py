@@ -7,8 +7,9 @@ same edits on a tree's live files.
 """
 
 import ast
+import textwrap
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xpufakes.common import ops, paths
@@ -657,11 +658,50 @@ def carries_ours(text: str) -> bool:
     return any(marker in text for marker in MARKERS)
 
 
+# The width of a header's lines, the leading space included.
+HEADER_WIDTH = 76
+
+
+def op_list(names: Sequence[str]) -> str:
+    """ "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def with_ops(header: str, names: Sequence[str]) -> str:
+    """`header` with its `{ops}` replaced by the names (op_list) and the
+    paragraph holding it (its lines indented by one space, between "."
+    lines) filled again to HEADER_WIDTH; the rest kept as it is."""
+    lines = header.split("\n")
+    at = next((i for i, line in enumerate(lines) if "{ops}" in line), None)
+    if at is None:
+        return header
+
+    def plain(line: str) -> bool:
+        return line.startswith(" ") and not line.startswith("  ") and line != " ."
+
+    start, end = at, at + 1
+    while start > 0 and plain(lines[start - 1]):
+        start -= 1
+    while end < len(lines) and plain(lines[end]):
+        end += 1
+    words = " ".join(lines[start:end]).split()
+    text = " ".join(words).replace("{ops}", op_list(names))
+    filled = textwrap.wrap(
+        text,
+        HEADER_WIDTH,
+        initial_indent=" ",
+        subsequent_indent=" ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return "\n".join([*lines[:start], *filled, *lines[end:]])
+
+
 _HEADERS = tomllib.loads((paths.DATA / "dep3_headers.toml").read_text())
 IPEX_HEADER, WOQ_HEADER, KERNELS_HEADER, OPAQUE_HEADER = (
     _HEADERS["ipex"],
     _HEADERS["woq"],
-    _HEADERS["kernels"],
+    with_ops(_HEADERS["kernels"], XPU_C_GEMMS),
     _HEADERS["opaque"],
 )
 COMMON_FIELDS = _HEADERS["common"]

@@ -2,17 +2,39 @@
 a tree has it installed: whether it is, which version, whether vLLM will
 load it (VLLM_PLUGINS), and vLLM's compile cache made before it was
 installed. No torch: data and files only (the audit's dynamic part runs the
-plugin's register(): verify.py, modeltrace.py)."""
+plugin's register(): verify.py, modeltrace.py).
 
-import os
+What vLLM does with VLLM_PLUGINS and where its compile cache is, the
+plugin's own module says (plugin/vllm_xpu_fakes/installed.py, loaded here by
+its path): the audit and the plugin's self-check (`python -m
+vllm_xpu_fakes`) read one source."""
+
+import importlib.util
+import sys
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
+from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 
 PACKAGE = "vllm_xpu_fakes"
-ENTRY_POINT = "xpu_fakes"  # in vllm.general_plugins (plugin/pyproject.toml)
+
+
+def shipped_module(name: str):
+    """A module of the plugin's package loaded from the checkout by its path,
+    not as part of the package (installed.py, opcheck.py: standard library
+    only when imported)."""
+    qualname = f"_vllm_xpu_fakes_{name}"
+    if qualname not in sys.modules:
+        path = paths.REPO / "plugin" / PACKAGE / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(qualname, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualname] = module
+        spec.loader.exec_module(module)
+    return sys.modules[qualname]
+
+
+SHARED = shipped_module("installed")
 
 
 @dataclass(frozen=True)
@@ -41,56 +63,15 @@ def find(root: Path, given: str = "") -> Installed | None:
     version = ""
     for info in sorted(directory.glob(f"{PACKAGE}-*.dist-info")):
         version = info.name.removeprefix(f"{PACKAGE}-").removesuffix(".dist-info")
-    newest = max(p.stat().st_mtime for p in package.glob("*.py"))
-    return Installed(directory, version, newest)
+    return Installed(directory, version, SHARED.installed_at(package))
 
 
 def loaded_by_vllm(environ: dict[str, str] | None = None) -> str:
-    """'' if vLLM loads the plugin, else why not (VLLM_PLUGINS is an
-    allow-list of entry point names)."""
-    value = (environ if environ is not None else os.environ).get("VLLM_PLUGINS")
-    if value is None:
-        return ""
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    if ENTRY_POINT in names:
-        return ""
-    return (
-        f"VLLM_PLUGINS={value!r} does not name {ENTRY_POINT!r}: vLLM will not "
-        f"load the plugin (add it: VLLM_PLUGINS={','.join([*names, ENTRY_POINT])})"
-    )
-
-
-def compile_cache(environ: dict[str, str] | None = None) -> Path:
-    """vLLM's compile cache directory (VLLM_CACHE_ROOT, else
-    $XDG_CACHE_HOME/vllm or ~/.cache/vllm; torch_compile_cache below it)."""
-    env = environ if environ is not None else os.environ
-    root = env.get("VLLM_CACHE_ROOT") or os.path.join(
-        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"
-    )
-    return Path(root) / "torch_compile_cache"
+    """'' if vLLM loads the plugin, else why not (VLLM_PLUGINS)."""
+    return SHARED.loaded_by_vllm(environ)
 
 
 def stale_cache(installed: Installed, environ: dict[str, str] | None = None) -> str:
     """'' or what in vLLM's compile cache was made before the plugin was
-    installed: a cache hit reuses a graph compiled with the fakes vLLM had
-    then (docs/plugin.md: what was measured)."""
-    cache = compile_cache(environ)
-    if not cache.is_dir():
-        return ""
-    older = [
-        entry
-        for entry in cache.iterdir()
-        if entry.stat().st_mtime < installed.installed_at
-    ]
-    if not older:
-        return ""
-    when = datetime.fromtimestamp(installed.installed_at, UTC).strftime(
-        "%Y-%m-%d %H:%M"
-    )
-    return (
-        f"vLLM's compile cache {cache} has {len(older)} entr"
-        f"{'y' if len(older) == 1 else 'ies'} made before the plugin was installed "
-        f"({when} UTC): a start-up that hits one reuses what was compiled "
-        f"with vLLM's own fakes; remove them (rm -rf {cache}) or start once "
-        "with VLLM_DISABLE_COMPILE_CACHE=1"
-    )
+    installed."""
+    return SHARED.stale_cache(installed.installed_at, environ)

@@ -8,13 +8,13 @@ on the CPU against the stand-in kernels of a kernel release instead.
 """
 
 import json
-import re
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from xpufakes.common.errors import NOT_HERE, Refusal
 from xpufakes.common.ops import WRAPPER_OPS
+from xpufakes.proof import plugin as installed_plugin
 
 TEST_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
 
@@ -99,6 +99,23 @@ def _run(
         if plugin_state is not None:
             plugin_state.update(state)
     wanted = None if select is None else {op.split(".")[0] for op in select()}
+    results = grid(device, full, wanted)
+    del libraries
+    return results
+
+
+def grid(
+    device: str, full: bool, wanted: Collection[str] | None = None
+) -> list[OpResult]:
+    """The opcheck grid of the ops that exist in this process, with the
+    fakes registered now, on `device` (the ops `wanted` only: their names
+    without overload). The vLLM plugin's self-check runs the same grid
+    (plugin/vllm_xpu_fakes/opcheck.py; tests/test_plugin_selfcheck.py
+    checks that the two agree)."""
+    import torch
+
+    from xpufakes.proof import loading
+
     results: dict[str, OpResult] = {}
     for case in loading.reference().opcheck_cases(full=full):
         qualname = f"{case.namespace}::{case.name}"
@@ -121,7 +138,6 @@ def _run(
     for wrapper, gemm in WRAPPER_OPS.items():
         if wanted is None or wrapper in wanted:
             _check_wrapper(results, wrapper, gemm, device, full)
-    del libraries
     return list(results.values())
 
 
@@ -154,18 +170,8 @@ def _check_wrapper(
             result.failures[case.id] = reason(e)
 
 
-def reason(error: BaseException) -> str:
-    """One line saying why opcheck failed: the sub-test, and the mismatch
-    that made it fail (the cause opcheck wraps), not the wrapper's text."""
-    text = str(error)
-    match = re.search(r"(test_\w+) failed", text)
-    where = f"{match.group(1)}: " if match else ""
-    cause = error.__cause__ or error
-    message = " ".join(str(cause).split())
-    for marker in ("found mismatched tensor metadata: ", "found mismatch in "):
-        if marker in message:
-            message = message.split(marker, 1)[1]
-    return f"{where}{type(cause).__name__}: {message}"[:300]
+# One line saying why opcheck failed, as the plugin's self-check says it.
+reason = installed_plugin.shipped_module("opcheck").reason
 
 
 def table(results: list[OpResult]) -> str:

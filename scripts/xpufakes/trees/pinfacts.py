@@ -11,7 +11,7 @@ from xpufakes.common import paths
 from xpufakes.trees import pins
 
 # The documents with marked places (relative to the repository).
-DOCUMENTS = ("README.md", "docs/releases.md")
+DOCUMENTS = ("README.md", "docs/releases.md", "docs/testing.md")
 
 
 def marked(kind: str) -> re.Pattern:
@@ -83,6 +83,7 @@ def facts(loaded: pins.Pins | None = None) -> dict[str, str]:
     return {
         "range": _span(every),
         "newest": every[-1].version,
+        "next": loaded.next_release(),
         "first": every[0].version,
         "ipex": _span(ipex),
         "ipex_releases": _span(sdists)

@@ -92,6 +92,22 @@ class Pins:
         found = sorted(self.releases.values(), key=lambda p: p.release)
         return [p for p in found if era is None or p.era == era]
 
+    def newest(self) -> Pin:
+        """The newest pinned release: no test or doc names it by hand
+        (tests/test_release_literals.py)."""
+        return self.ordered()[-1]
+
+    def next_release(self) -> str:
+        """A plain release newer than every pin: the next minor release."""
+        major, minor = self.newest().release[:2]
+        return f"{major}.{minor + 1}.0"
+
+    def newest_kernels(self) -> str:
+        """The release of the XPU kernels the newest kernels-era pin pins
+        (the number of "vllm-xpu-kernels X.Y.Z"): the reference kernels'
+        default (`make ops` writes it there)."""
+        return self.ordered(KERNELS)[-1].kernels.split()[-1]
+
 
 @cache
 def load() -> Pins:

@@ -108,7 +108,7 @@ def detect_version(tree: Tree) -> tuple[str, str]:
 
 def _git_tag(root: Path) -> str | None:
     """The tag at HEAD; of several, one that looks like a release (v0.33.0)
-    rather than a moving name (latest, nightly)."""
+    rather than a moving name (`latest`, `nightly`)."""
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "tag", "--points-at", "HEAD"],

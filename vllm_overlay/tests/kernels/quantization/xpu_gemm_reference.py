@@ -70,7 +70,9 @@ TORCH_IPEX_SCHEMAS = {
     "Tensor? _3, Tensor? _4) -> Tensor _0",
 }
 
-NEWEST_XPU_KERNELS = "0.1.15.4"
+# The vllm-xpu-kernels release the stand-ins are by default: the one the newest
+# supported vLLM release pins (requirements/xpu.txt).
+NEWEST_XPU_KERNELS = "0.1.17"
 
 _FP8 = (torch.float8_e5m2, torch.float8_e4m3fn)
 _HALF = (torch.float16, torch.bfloat16)
