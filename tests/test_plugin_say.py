@@ -278,3 +278,24 @@ def test_the_record_factory_goes_once_the_line_is_out(late, who):
     else:
         assert plain, line
         assert got["err"].splitlines().count(f"APP {NEW}") == 1, got["err"]
+
+
+@pytest.mark.parametrize("flush", [True, False], ids=["flush", "no-flush"])
+def test_flush_writes_the_kept_line_now_and_once(late, flush):
+    """A process that knows nothing will set up logging (the self-check)
+    calls flush() after vLLM loaded the plugins: the kept line comes out
+    there, and not again at exit. The control: without flush() it comes out
+    at exit, after what the process printed."""
+    got = _run(
+        late,
+        f"""
+        import vllm_xpu_fakes.say as s
+        say({NEW!r})
+        if {flush!r}:
+            s.flush()
+        print("REPORT", flush=True)
+        """,
+    )
+    out = got["out"]
+    assert len(_lines(out, NEW)) == 1, out
+    assert (out.index(NEW) < out.index("REPORT")) == flush, out

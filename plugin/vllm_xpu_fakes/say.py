@@ -32,11 +32,12 @@ So say(line) does one of three things:
    one, as vLLM chains its own; it takes itself out once nothing is kept,
    unless another factory was chained in front of it, and then only
    passes records on.)
-3. At exit, a line still kept (nothing ever set up logging in this process:
-   ``python -c "import vllm; ...; load_general_plugins()"`` on vLLM 0.32)
-   is written to ``VLLM_LOGGING_STREAM`` (stdout unless it names stderr),
-   in vLLM 0.32's text layout, if its level is at least
-   ``VLLM_LOGGING_LEVEL`` (INFO unless set).
+3. At exit, or when flush() is called, a line still kept (nothing set up
+   logging in this process: ``python -c "import vllm; ...;
+   load_general_plugins()"`` on vLLM 0.32) is written to
+   ``VLLM_LOGGING_STREAM`` (stdout unless it names stderr), in vLLM 0.32's
+   text layout, if its level is at least ``VLLM_LOGGING_LEVEL`` (INFO
+   unless set).
 
 Each call's line comes out once: the one that writes a kept line takes it
 off the list first, and a process forked while a line is kept forgets it
@@ -166,9 +167,11 @@ def _unhook() -> None:
             logging.setLogRecordFactory(factory.wrapped)
 
 
-def _at_exit() -> None:
-    """What is still kept: to a handler if one exists now, else written
-    as vLLM 0.32 would have, if vLLM's level lets it through."""
+def flush() -> None:
+    """The lines still kept, now: to a handler if one exists, else written
+    as vLLM 0.32 would have, if vLLM's level lets them through. Run at exit;
+    a process that knows nothing will set up logging (the self-check, after
+    vLLM's load_general_plugins()) calls it to have them in order."""
     try:
         taken = _take()
         if not taken:
@@ -210,6 +213,6 @@ def _forget() -> None:
     _kept.clear()
 
 
-atexit.register(_at_exit)
+atexit.register(flush)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
