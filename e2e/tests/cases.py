@@ -136,6 +136,13 @@ SERVE = {"0.14.1": "fp8", "0.32.0": "fp8-w8a16"}
 # installed (the report's case: what its user runs, fixed by pip install).
 PLUGIN_SERVE = {"0.14.1": "fp8"}
 
+# Releases whose front end loads the plugins before it sets up vLLM's logging
+# (0.32: vllm/entrypoints/cli/main.py, .../launchers/api_server/entry.py):
+# with the plugin installed, that front end without a server
+# (e2e/engine/front_end.py) and the one-line check a user tries, each for
+# the plugin's line; the case whose checkpoint the front end is given.
+PLUGIN_FRONT_END = {"0.32.0": "fp8-w8a16"}
+
 # The LLM run vllm serve (TP=2) is compared with, by its tensor-parallel
 # size. 0.14.1's online fp8 quantizes each TP shard of a weight with its own
 # scale (amax of the shard), so at TP=2 it is another model than at TP=1;

@@ -88,6 +88,7 @@ def _release_of(item) -> str:
         "recipe_release",
         "serve_release",
         "orders_release",
+        "front_end_release",
         "selfcheck_release",
     ):
         rel = params.get(name, rel)

