@@ -11,11 +11,6 @@ what and how). It never raises: a step that fails is undone and logged,
 and vLLM runs as it would without that step.
 """
 
-import logging
-
-# Under vLLM's logger, so that its handler and format apply.
-logger = logging.getLogger("vllm.vllm_xpu_fakes")
-
 
 def register() -> None:
     """The entry point (``vllm.general_plugins``); idempotent. The plugin's
@@ -26,11 +21,12 @@ def register() -> None:
     try:
         from vllm_xpu_fakes import plugin
     except Exception as e:  # noqa: BLE001 - never stop vLLM's start-up
-        logger.warning(
-            "vllm-xpu-fakes: the plugin cannot be loaded (%s: %s); nothing was "
-            "changed: vLLM runs without the plugin's fix",
-            type(e).__name__,
-            e,
+        from vllm_xpu_fakes.say import say
+
+        say(
+            f"vllm-xpu-fakes: the plugin cannot be loaded ({type(e).__name__}: "
+            f"{e}); nothing was changed: vLLM runs without the plugin's fix",
+            warning=True,
         )
         return
     plugin.register(caller=sys._getframe(1).f_code.co_name)

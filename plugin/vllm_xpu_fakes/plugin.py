@@ -59,7 +59,7 @@ import time
 import types
 from collections.abc import Callable
 
-from vllm_xpu_fakes import logger
+from vllm_xpu_fakes.say import say as _say
 
 ANY_PLATFORM = "VLLM_XPU_FAKES_ANY_PLATFORM"
 
@@ -159,9 +159,10 @@ def register(caller: str = "") -> dict:
         _STATE["callers"].append(caller)
     reason = why_not()
     if reason:
+        _STATE["seconds"] = round(time.perf_counter() - start, 4)
         if reason != _STATE["skipped"]:
             _STATE["skipped"] = reason
-            _say(f"vllm-xpu-fakes: {reason}: nothing to do")
+            _say(f"vllm-xpu-fakes: {reason}: nothing to do ({_STATE['seconds']:.3f} s)")
         return state()
     _STATE["skipped"] = ""
     kernels = _import_registering_modules()
@@ -203,10 +204,6 @@ def summary(kernels: list[str] | None = None) -> str:
     if s["differs"]:
         said.append(f"left as vLLM has it: {'; '.join(s['differs'])}")
     return "; ".join(said)
-
-
-def _say(line: str, warning: bool = False) -> None:
-    (logger.warning if warning else logger.info)("%s", line)
 
 
 class _Journal:
@@ -328,6 +325,13 @@ def _register_fakes(journal: _Journal) -> str:
     is tried again at the next call."""
     from vllm_xpu_fakes import _xpu_gemm_fakes as fakes
 
+    # torch.library.register_fake asks inspect.getmodule for its caller's
+    # module; on a miss inspect resolves the file of every loaded module once
+    # (0.35 s in a loaded worker, most of register()'s time). Tell it where
+    # that caller, _xpu_gemm_fakes._register, is: what it would find itself.
+    inspect.modulesbyfile.setdefault(
+        os.path.normcase(os.path.abspath(fakes.__file__)), fakes.__name__
+    )
     wrappers = {q: (s, getattr(fakes, f)) for q, (s, f) in WRAPPER_FAKES.items()}
     failed = []
     for table in (fakes.XPU_GEMM_FAKES, fakes.IPEX_GEMM_FAKES, wrappers):

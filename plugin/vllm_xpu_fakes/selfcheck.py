@@ -102,7 +102,9 @@ def check() -> Report:
             f"vLLM's load_general_plugins() raised {type(e).__name__}: {e}"
         )
     loading = time.perf_counter() - start
-    from vllm_xpu_fakes import plugin
+    from vllm_xpu_fakes import plugin, say
+
+    say.flush()  # the plugin's line above the report, where vLLM kept it
 
     state = plugin.state()
     called = state["calls"] > 0
