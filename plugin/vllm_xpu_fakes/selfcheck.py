@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_xpu_fakes import installed
+from vllm_xpu_fakes.plugin import _present
 
 PACKAGE = "vllm_xpu_fakes"
 DISTRIBUTION = "vllm-xpu-fakes"
@@ -216,15 +217,6 @@ def _platform(report: Report) -> bool:
             f"({ANY_PLATFORM}=1 makes the plugin act on any platform, for tests)"
         )
     return xpu or anyway
-
-
-def _present(package: str) -> bool:
-    if package in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _kernels(report: Report) -> None:
