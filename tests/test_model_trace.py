@@ -408,8 +408,10 @@ def test_models_by_commas_a_table_with_a_model_not_built(tmp_path):
     )
     out = done.stdout
     assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
-    # the static audit's result, in full
-    assert "\nOK: every traced tensor-returning op has a conformant fake" in out, out
+    # the static audit's result, in full: nothing fails; the one traced lie
+    # the fix does not cover yet (data/known_lies.toml) is a warning
+    assert "\nWARN: nothing on the traced path fails" in out, out
+    assert "vllm::sparse_attn_indexer: its schema lies on the traced path" in out
     # the table: model x configuration
     # built with .venv-tree's transformers, and the table says which
     version = subprocess.run(
