@@ -113,7 +113,7 @@ def test_llm_scaler_tree(commit, tmp_path, record_property):
         assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
 
 
-# The whole-model proof (scripts/xpufakes/modeltrace.py, as in
+# The whole-model proof (scripts/xpufakes/proof/model, as in
 # tests/test_model_trace.py): Qwen3-VL-MoE's text model, tiny, online fp8,
 # traced through the tree's own @support_torch_compile on the XPU paths,
 # under vLLM's default configuration and with sequence parallelism.
@@ -130,7 +130,7 @@ def model_trace(tree: Path, tmp_path: Path) -> dict[str, dict]:
         kernels, xkernels.is_mixed(kernels, xtree.python_sources(found.root))
     )
     done = subprocess.run(
-        [str(TREE_PYTHON), "-m", "xpufakes.proof.modeltrace", str(tree), "qwen3_vl_moe"]
+        [str(TREE_PYTHON), "-m", "xpufakes.proof.model.cli", str(tree), "qwen3_vl_moe"]
         + [str(out), "--standins", kernels, "--configurations", "default,sp"],
         capture_output=True,
         text=True,

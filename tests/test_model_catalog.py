@@ -28,7 +28,8 @@ from test_model_trace import NO_FAKE, TREE_PYTHON, traces
 from test_model_trace_kernels import without_fakes
 
 from support import downstream, releases, tool
-from xpufakes.proof import modelproof, models
+from xpufakes.proof.model import models
+from xpufakes.proof.model import report as modelproof
 
 pytestmark = [
     pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""The whole-model proof (scripts/xpufakes/modeltrace.py): the report's model,
+"""The whole-model proof (scripts/xpufakes/proof/model): the report's model,
 the text model of Qwen3-VL-MoE at a tiny size (2 layers, 4 experts,
 interleaved MRoPE, online fp8: data/models.toml), built from the tree's own
 model module on the XPU platform's paths (XPUFp8LinearMethod,
@@ -41,7 +41,9 @@ from support import downstream, releases, tool
 from support import plugin as plugin_support
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import audit, modelproof
+from xpufakes.proof import audit
+from xpufakes.proof.model import report as model_report
+from xpufakes.proof.model import runner as model_runner
 from xpufakes.trees import tree
 
 TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
@@ -70,7 +72,7 @@ def traces(root, tmp_path, models: list[str], plugin=None) -> dict[str, dict]:
         [
             str(TREE_PYTHON),
             "-m",
-            "xpufakes.proof.modeltrace",
+            "xpufakes.proof.model.cli",
             str(root),
             ",".join(models),
             str(out),
@@ -147,7 +149,7 @@ def unpatched_int4_fails(results: dict) -> None:
         assert result["methods"]["IPEXAWQLinearMethod"] == 8, result["methods"]
         if configuration == "default":  # sp stops at the norm first
             assert result["error"].startswith("TorchRuntimeError: "), result
-            assert "(torch_ipex.mm_int4)" in modelproof.cell(result), result
+            assert "(torch_ipex.mm_int4)" in model_report.cell(result), result
             assert result["where"][-2].startswith(
                 "vllm/model_executor/layers/quantization/ipex_quant.py:"
             ), result["where"]
@@ -287,7 +289,7 @@ def test_plain_release_gemm_fakes_only_fail_with_sequence_parallelism(tmp_path):
     assert sp["where"][-1].startswith(SP_NORM), sp["where"]
     assert sp["forwards"]["RMSNorm"] == "forward_xpu"
     # the line make stage's PR text shows for it (prtext: before 0003)
-    said = modelproof.summary({"configurations": [default, sp]})
+    said = model_report.summary({"configurations": [default, sp]})
     assert said.startswith(
         "default: traced whole, 1 graph(s), 0 graph break(s); sp: fails, "
         "TorchRuntimeError: RuntimeError when making fake tensor call "
@@ -311,7 +313,7 @@ def test_plain_release_full_fix_traces_with_and_without_sequence_parallelism(
         assert result["result"] == "traced", result
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
         assert set(result["ops"]) == OPAQUE | wrapped[configuration], result
-    assert modelproof.summary({"configurations": list(results.values())}) == (
+    assert model_report.summary({"configurations": list(results.values())}) == (
         "default: traced whole, 1 graph(s), 0 graph break(s); "
         "sp: traced whole, 1 graph(s), 0 graph break(s)"
     )
@@ -455,32 +457,32 @@ def test_the_venv_is_named_only_where_it_is_missing(tmp_path, monkeypatch):
     python = str(bare / "bin" / "python")
     root = releases.pristine(PLAIN)
     kernels = audit.kernels_of(tree.locate(str(root)))
-    assert modelproof.TREE_PYTHON.exists()
-    monkeypatch.setattr(modelproof, "TREE_PYTHON", tmp_path / "no-venv" / "python")
-    [found] = modelproof.run_all(root, ["qwen3_moe"], kernels, "default,sp", python)
+    assert model_runner.TREE_PYTHON.exists()
+    monkeypatch.setattr(model_runner, "TREE_PYTHON", tmp_path / "no-venv" / "python")
+    [found] = model_runner.run_all(root, ["qwen3_moe"], kernels, "default,sp", python)
     for result in found["configurations"]:
         assert result["result"] == "not built", result
         assert result["error"].startswith(f"the model proof's Python ({python})")
         assert result["error"].endswith(": No module named 'torch'"), result
     assert "make venv-tree" in found["venv"], found["venv"]
-    assert "make venv-tree" in modelproof.table(found)
+    assert "make venv-tree" in model_report.table(found)
     monkeypatch.undo()  # .venv-tree exists
-    said = modelproof.venv_missing(found, python)
+    said = model_runner.venv_missing(found, python)
     assert "venv-tree" in said and "make venv-tree" not in said, said
     assert f"{python} has no module 'torch'" in said, said
     # its own Python: the missing module is the tree's error alone
-    assert modelproof.venv_missing(found, str(modelproof.TREE_PYTHON)) == ""
+    assert model_runner.venv_missing(found, str(model_runner.TREE_PYTHON)) == ""
 
 
 def test_model_names():
-    assert modelproof.names(" qwen3_moe, qwen3_vl_moe ") == [
+    assert model_runner.names(" qwen3_moe, qwen3_vl_moe ") == [
         "qwen3_moe",
         "qwen3_vl_moe",
     ]
-    every = modelproof.names("all")
+    every = model_runner.names("all")
     assert {"qwen3_moe", "qwen3_vl_moe"} <= set(every) and len(every) == len(set(every))
     with pytest.raises(Refusal, match="unknown model 'nope' \\(known: "):
-        modelproof.names("qwen3_moe,nope")
+        model_runner.names("qwen3_moe,nope")
 
 
 def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
@@ -489,7 +491,7 @@ def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
     gemma3 and qwen2_5_vl on the report's tree). The cell says the reason
     under it; the first line alone (the negative control) does not."""
     pydantic = pytest.importorskip("pydantic")
-    from xpufakes.proof import modeltrace
+    from xpufakes.proof.model import trace
 
     class ModelConfig(pydantic.BaseModel):
         size: int
@@ -508,7 +510,7 @@ def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
             ModelConfig(size=value)
         first = str(raised.value).splitlines()[0]
         assert first == "1 validation error for ModelConfig"  # says no reason
-        said = modeltrace.not_built(raised.value, tmp_path)
+        said = trace.not_built(raised.value, tmp_path)
         assert said["result"] == "not built"
         assert said["error"].startswith(f"ValidationError: {first}: {reason}"), said
         assert "[type=" not in said["error"] and "errors.pydantic" not in said["error"]
@@ -526,9 +528,9 @@ def test_the_sym_int4_library_stand_in_keeps_the_images_layout(tmp_path):
 
     import torch
 
-    from xpufakes.proof import standins
+    from xpufakes.proof.xpu import sym_int4
 
-    library = ctypes.CDLL(str(standins.q4_0_library(tmp_path)))
+    library = ctypes.CDLL(str(sym_int4.q4_0_library(tmp_path)))
     function = library.quantize_q4_0_to_qweight_and_scale
     function.argtypes = [
         ctypes.POINTER(ctypes.c_float),
@@ -599,10 +601,10 @@ def test_the_int4_layout_stand_ins_give_the_gemm_the_checkpoints_weight():
     a shuffled GPTQ weight read without its row order do not."""
     import torch
 
-    from xpufakes.proof import loading
-    from xpufakes.proof import quantize_convert_standin as convert
+    from xpufakes.proof.xpu import quantize_convert_standin as convert
+    from xpufakes.proof.xpu import reference as reference_kernels
 
-    reference = loading.reference()
+    reference = reference_kernels.reference()
     k, n, group = 64, 32, 16
     q = _int4_values(k, n, 1)
     zeros = _int4_values(k // group, n, 2)
@@ -650,7 +652,7 @@ def test_no_linear_kernel_for_xpu_is_the_trees_limit():
     """vLLM 0.10.2's choose_mp_linear_kernel (compressed-tensors int4) has no
     kernel for XPU: the cell is the tree's limit with vLLM's reasons; any
     other ValueError (the negative control) is not."""
-    from xpufakes.proof import modeltrace
+    from xpufakes.proof.model import limits
 
     error = ValueError(
         "Failed to find a kernel that can implement the WNA16 linear layer. "
@@ -658,11 +660,11 @@ def test_no_linear_kernel_for_xpu_is_the_trees_limit():
         "supported on CUDA\n ExllamaLinearKernel cannot implement due to: "
         "Exllama only supports float16 activations"
     )
-    said = modeltrace._no_linear_kernel(error)
+    said = limits.no_linear_kernel(error)
     assert said.startswith("the tree has no linear kernel for this layer on XPU")
     assert "MarlinLinearKernel: Marlin only supported on CUDA; Exllama" in said
-    assert modeltrace._no_linear_kernel(ValueError("weight shape mismatch")) == ""
-    assert modeltrace._no_linear_kernel(RuntimeError(str(error))) == ""
+    assert limits.no_linear_kernel(ValueError("weight shape mismatch")) == ""
+    assert limits.no_linear_kernel(RuntimeError(str(error))) == ""
 
 
 def test_a_layer_its_method_never_made_is_the_trees_limit():
@@ -673,7 +675,7 @@ def test_a_layer_its_method_never_made_is_the_trees_limit():
     or for an attribute some layer of the class has, stays a failure."""
     import torch
 
-    from xpufakes.proof import modeltrace
+    from xpufakes.proof.model import limits
 
     class QKVParallelLinear(torch.nn.Module):
         pass
@@ -685,17 +687,17 @@ def test_a_layer_its_method_never_made_is_the_trees_limit():
     model[0].quant_method = XPUFp8LinearMethod()
     error = AttributeError("'QKVParallelLinear' object has no attribute 'weight'")
     apply = "vllm/model_executor/layers/quantization/ipex_quant.py:589 apply"
-    said = modeltrace._never_made(error, ["llama.py:248 forward", apply], model)
+    said = limits.never_made(error, ["llama.py:248 forward", apply], model)
     assert said.startswith(
         "the tree's XPUFp8LinearMethod never makes QKVParallelLinear.weight"
     ), said
-    assert modeltrace._never_made(error, ["llama.py:248 forward"], model) == ""
+    assert limits.never_made(error, ["llama.py:248 forward"], model) == ""
     model[0].weight = torch.nn.Parameter(torch.zeros(1))
-    assert modeltrace._never_made(error, [apply], model) == ""
+    assert limits.never_made(error, [apply], model) == ""
 
 
 def test_transformers_release_refused_in_one_line():
-    from xpufakes.proof import transformers_pin
+    from xpufakes.proof.model import transformers_pin
 
     with pytest.raises(Refusal, match="TRANSFORMERS='4.57; rm' is not a release"):
         transformers_pin.overlay("4.57; rm", sys.executable)
@@ -706,7 +708,7 @@ def test_transformers_release_installed_beside_the_venv():
     that transformers with the huggingface-hub and tokenizers it requires,
     importable in .venv-tree ahead of the venv's own (transformers 5 there:
     the negative control), and the venv is left as it was."""
-    from xpufakes.proof import transformers_pin
+    from xpufakes.proof.model import transformers_pin
 
     def versions(pythonpath: str) -> list[str]:
         code = (

@@ -27,7 +27,8 @@ import pytest
 from test_model_trace import NO_FAKE, TREE_PYTHON, traces
 
 from support import releases
-from xpufakes.proof import loading, modelproof
+from xpufakes.proof.model import report as modelproof
+from xpufakes.proof.xpu import xpu_kernels
 
 pytestmark = pytest.mark.skipif(
     not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
@@ -131,23 +132,24 @@ def test_the_kernels_c_schemas_are_the_releases():
     """Each release gets the schemas its csrc/torch_bindings.cpp defines
     (read at the tags): 0.1.2 declares silu_and_mul's input and rms_norm's
     weight mutated, 0.1.6 stopped, 0.1.12 made the norms' weight optional."""
-    old = loading.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.2")
+    old = xpu_kernels.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.2")
     assert old["silu_and_mul"] == "silu_and_mul(Tensor! out, Tensor! input) -> ()"
     assert old["rms_norm"] == (
         "rms_norm(Tensor! result, Tensor! input, Tensor! weight, float epsilon) -> ()"
     )
     assert "rms_norm_static_fp8_quant" not in old  # since 0.1.6
-    new = loading.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.15.4")
+    new = xpu_kernels.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.15.4")
     assert new["silu_and_mul"] == "silu_and_mul(Tensor! result, Tensor input) -> ()"
     assert new["rms_norm"] == (
         "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()"
     )
-    assert loading.xpu_kernels_c_schemas("intel-extension-for-pytorch 2.8.10") == {}
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "awq_gemm") is False
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "rms_norm") is True
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.5", "situ_and_mul") is False
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.13", "situ_and_mul")
-    assert loading.xpu_kernels_c_has("intel-extension-for-pytorch 2.8.10", "x") is None
+    assert xpu_kernels.xpu_kernels_c_schemas("intel-extension-for-pytorch 2.8.10") == {}
+    assert xpu_kernels.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "awq_gemm") is False
+    assert xpu_kernels.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "rms_norm") is True
+    has = xpu_kernels.xpu_kernels_c_has
+    assert has("vllm-xpu-kernels 0.1.5", "situ_and_mul") is False
+    assert xpu_kernels.xpu_kernels_c_has("vllm-xpu-kernels 0.1.13", "situ_and_mul")
+    assert has("intel-extension-for-pytorch 2.8.10", "x") is None
 
 
 def test_the_trees_limit_is_its_own_cell_and_no_failure():

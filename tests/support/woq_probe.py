@@ -37,7 +37,7 @@ REFERENCE = (
     / "quantization"
     / "xpu_gemm_reference.py"
 )
-STANDINS = HERE.parents[1] / "scripts" / "xpufakes" / "proof" / "standins.py"
+SCRIPTS = HERE.parents[1] / "scripts"  # the tool, whose IPEX stand-in this is
 K, N, GROUP = 256, 128, 64
 
 
@@ -53,15 +53,14 @@ ENGINE = {"engine": "onednn"}  # the layout of the case being run
 
 
 def load_standins():
-    """The tool's stand-ins (scripts/xpufakes/proof/standins.py, torch only), by
-    path: make e2e's plugin loads this file from the checkout too."""
-    name = "xpufakes_standins"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, STANDINS)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The tool's IPEX stand-in (scripts/xpufakes/proof/xpu/ipex.py, torch
+    only), imported from the checkout this file is in: make e2e's plugin
+    loads this file from the checkout too."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    from xpufakes.proof.xpu import ipex
+
+    return ipex
 
 
 def stub_ipex(reference, engine: str = "onednn") -> None:

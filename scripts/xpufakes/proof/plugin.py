@@ -2,7 +2,7 @@
 a tree has it installed: whether it is, which version, whether vLLM will
 load it (VLLM_PLUGINS), and vLLM's compile cache made before it was
 installed. No torch: data and files only (the audit's dynamic part runs the
-plugin's register(): verify.py, modeltrace.py)."""
+plugin's register(): verify.py, model/cli.py)."""
 
 import os
 from dataclasses import dataclass

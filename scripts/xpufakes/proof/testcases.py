@@ -24,12 +24,13 @@ TEST_FUNCTION = "test_fake_matches_kernel"
 
 def run(tree: Path, test: Path, standins: str) -> dict[str, str | None]:
     """case id -> None if it passed, else why it failed (verify.reason)."""
-    from xpufakes.proof import loading, verify
+    from xpufakes.proof import verify
+    from xpufakes.proof.xpu import extensions, reference, registering, xpu_kernels
 
-    libraries = loading.define_standins(standins)  # noqa: F841 - keep them
-    loading.stub_xpu_kernel_package()
-    loading.stub_vllm_extensions(tree)
-    loading.import_registering_module(tree)  # the tree first on sys.path
+    libraries = reference.define_standins(standins)  # noqa: F841 - keep them
+    xpu_kernels.stub_xpu_kernel_package()
+    extensions.stub_vllm_extensions(tree)
+    registering.import_registering_module(tree)  # the tree first on sys.path
     spec = importlib.util.spec_from_file_location("staged_xpu_gemm_test", test)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

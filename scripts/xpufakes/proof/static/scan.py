@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpufakes.common.ops import IPEX_WOQ, IPEX_WOQ_WRAPPER, NAMESPACES, WRAPPER_OPS
-from xpufakes.proof import reach
+from xpufakes.proof.static import reach
 from xpufakes.trees import natives, pysource, tree
 
 # Namespaces that are not XPU kernels' and not reported: torch's own.
