@@ -53,7 +53,7 @@ LAYERS = {
         "registering",
     ],
     "proof.model": [
-        "models transformers_pin report",
+        "models transformers_pin report features",
         "runner limits",
         "environment build",
         "trace",

@@ -9,8 +9,10 @@ import importlib
 import json
 from pathlib import Path
 
+from xpufakes.proof.model import features
 from xpufakes.proof.model import models as model_data
-from xpufakes.proof.model.limits import SP_FIELDS, TreeLimit
+from xpufakes.proof.model.features import SP_FIELDS
+from xpufakes.proof.model.limits import TreeLimit
 
 
 def config_dir(model: model_data.Model, work: Path) -> Path:
@@ -25,14 +27,13 @@ def compilation_config(configuration: str):
 
     if configuration == "default":
         return CompilationConfig()
-    fields = CompilationConfig().pass_config.__dataclass_fields__
-    names = [name for name in SP_FIELDS if name in fields]
-    if not names:
+    field = features.sp_field(CompilationConfig().pass_config)
+    if not field:
         raise TreeLimit(
             "the tree has no sequence parallelism (its PassConfig has none "
             f"of {', '.join(SP_FIELDS)})"
         )
-    return CompilationConfig(pass_config={names[0]: True})
+    return CompilationConfig(pass_config={field: True})
 
 
 def model_class(model: model_data.Model):
@@ -89,9 +90,8 @@ def configure(model: model_data.Model, directory: Path, configuration: str):
 
     _register(model)
     # IPEX's int4 (AWQ, GPTQ) is the deprecated method "ipex" where vLLM has
-    # deprecated methods (0.14): a user allows it to run such a checkpoint
-    fields = getattr(ModelConfig, "__dataclass_fields__", {})
-    allow = "allow_deprecated_quantization" in fields
+    # deprecated methods: a user allows it to run such a checkpoint
+    allow = features.deprecated_quantization(ModelConfig)
     model_config = ModelConfig(
         model=str(directory),
         tokenizer=str(directory),
@@ -115,9 +115,8 @@ def _rope_theta_as_an_attribute(model_config) -> None:
     to 10000 without it)."""
     hf = model_config.hf_config
     for config in {id(c): c for c in (hf, hf.get_text_config())}.values():
-        parameters = getattr(config, "rope_parameters", None) or {}
-        if "rope_theta" in parameters and not hasattr(config, "rope_theta"):
-            config.rope_theta = parameters["rope_theta"]
+        if features.rope_theta_in_parameters_only(config):
+            config.rope_theta = config.rope_parameters["rope_theta"]
 
 
 _DISTRIBUTED = []
@@ -188,14 +187,11 @@ def _finish_online_quantization(built, model_config) -> None:
     is materialized and quantized by vLLM's own finalize_layerwise_processing,
     which its loader calls after loading; then, as there, the rest of the
     processing. Trees before it have neither."""
-    try:
-        from vllm.model_executor.model_loader.base_loader import _has_online_quant
-        from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_processing,
-        )
-    except ImportError:
+    found = features.layerwise_online_quantization()
+    if found is None:
         return
-    if _has_online_quant(built):
+    has_online_quant, finalize_layerwise_processing = found
+    if has_online_quant(built):
         finalize_layerwise_processing(built, model_config)
 
 

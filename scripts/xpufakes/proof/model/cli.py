@@ -61,7 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from xpufakes.proof.model import environment
+from xpufakes.proof.model import environment, features
 from xpufakes.proof.model import models as model_data
 from xpufakes.proof.model.trace import not_built, trace_one
 from xpufakes.proof.xpu import registering
@@ -135,6 +135,7 @@ def main(argv: list[str]) -> int:
         "standins": "; ".join([args.standins, *environment.HELPERS]),
         "setup_seconds": round(imported, 1),
         "transformers": _transformers_version(),
+        "features": list(features.MET),  # features.py: the tree's, met
     }
     Path(args.out).write_text(
         json.dumps(

@@ -4,12 +4,12 @@ the tree's own fakes registered as on XPU."""
 
 import importlib
 import importlib.machinery
-import inspect
 import os
 import sys
 import tempfile
 from pathlib import Path
 
+from xpufakes.proof.model import features
 from xpufakes.proof.xpu import (
     device,
     extensions,
@@ -25,10 +25,6 @@ from xpufakes.proof.xpu import (
 # vLLM's compile cache and AOT compile: off, so that nothing is written to
 # the cache directory or read from it (the trace is made here, every time).
 os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-# Weights made on the CPU while loading, where a tree asks: intel/llm-scaler
-# 0a85564's streaming loader otherwise leaves them on the meta device until a
-# checkpoint's tensors arrive (none do here: the weights are random).
-os.environ["VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"] = "1"
 
 # the stand-ins setup made beside the kernels' (the report names them)
 HELPERS: list[str] = []
@@ -37,9 +33,13 @@ TEMPORARY: list[Path] = []
 
 
 def setup(tree: Path, standins: str) -> list:
-    """The stand-ins, then vLLM's XPU platform as its current platform.
-    Returns what must stay referenced (the ops' libraries)."""
+    """The stand-ins, then vLLM's XPU platform as its current platform, as
+    the tree's features ask (features.py). Returns what must stay referenced
+    (the ops' libraries)."""
     sys.path.insert(0, str(tree))
+    if features.streaming_loader(tree):
+        # the weights made on the CPU while loading (none arrive here)
+        os.environ[features.OFFLOAD_WEIGHTS] = "1"
     packages.install_torchvision()
     packages.install_downstream_packages()
     kept = [ipex.define_torch_ipex_ops(), loading_ops.define_loading_ops("torch_ipex")]
@@ -49,15 +49,14 @@ def setup(tree: Path, standins: str) -> list:
     kernels = reference.reference()
     kept.append(kernels.define_torch_ipex_woq_kernels())
     ipex.install_ipex(woq_from_weight=kernels.ReferenceWOQLinear.from_weight)
-    envs = tree / "vllm" / "envs.py"
-    if envs.is_file() and "VLLM_QUANTIZE_Q40_LIB" in envs.read_text():
+    if features.sym_int4_library(tree):
         # intel/llm-scaler's sym_int4 quantizer, a ctypes library
         library = Path(tempfile.mkdtemp(prefix="xpufakes-q4_0-"))
         TEMPORARY.append(library)  # removed when the process ends
-        os.environ["VLLM_QUANTIZE_Q40_LIB"] = str(sym_int4.q4_0_library(library))
+        os.environ[features.Q40_LIBRARY] = str(sym_int4.q4_0_library(library))
         HELPERS.append("sym_int4's quantizer library (q4_0_standin.c)")
     extensions.stub_vllm_extensions(tree)
-    if "vllm-xpu-kernels" in standins or _imports_xpu_kernels(tree):
+    if features.xpu_kernels_at_start_up(tree) or "vllm-xpu-kernels" in standins:
         xpu_kernels.stub_xpu_kernel_package()
         HELPERS.append(
             "vllm_xpu_kernels.quantization._quantize_convert "
@@ -65,7 +64,6 @@ def setup(tree: Path, standins: str) -> list:
         )
         kept.append(loading_ops.define_loading_ops("_C"))  # its _C registers them
         # found by importlib.util.find_spec, as vLLM looks for it
-        # (0.21.0's kernels/xpu_ops.py)
         package = sys.modules["vllm_xpu_kernels"]
         if package.__spec__ is None:
             package.__spec__ = importlib.machinery.ModuleSpec(
@@ -83,9 +81,8 @@ def setup(tree: Path, standins: str) -> list:
             f"{vllm.platforms._current_platform}"
         )
     vllm.platforms._current_platform = XPUPlatform()
-    if hasattr(XPUPlatform, "num_compute_units"):
-        # the device's compute units (0.33.0's Triton MLA asks while it is
-        # made): an Arc B580's, as device.XPU_DEVICE answers for it
+    if features.compute_units(XPUPlatform):
+        # an Arc B580's, as device.XPU_DEVICE answers for it
         XPUPlatform.num_compute_units = classmethod(
             lambda cls, device_id=0: device.XPU_COMPUTE_UNITS
         )
@@ -94,22 +91,15 @@ def setup(tree: Path, standins: str) -> list:
     # path's CustomOps take them in __init__), as the release registers them
     kept += xpu_kernels.define_xpu_kernels_c(standins)
     registering.import_registering_module(None)  # the tree's own fakes, as on XPU
-    _adapt_to_this_torch()
+    if features.inline_call_of_torch_28(tree):
+        _give_inline_call_its_argument()
     return kept
 
 
-def _imports_xpu_kernels(tree: Path) -> bool:
-    """Whether the tree's XPU platform imports vllm_xpu_kernels' native
-    modules at start-up (intel/llm-scaler 0a85564, an IPEX-era tree,
-    imports vllm_xpu_kernels._C and _xpu_C in vllm/platforms/xpu.py)."""
-    platform = tree / "vllm" / "platforms" / "xpu.py"
-    return platform.is_file() and "vllm_xpu_kernels" in platform.read_text()
-
-
-def _adapt_to_this_torch() -> None:
-    """vLLM 0.10.2's decorator replaces Dynamo's
+def _give_inline_call_its_argument() -> None:
+    """The tree's decorator replaces Dynamo's
     InliningInstructionTranslator.inline_call (to record the files it
-    traces) with a function of the torch 2.8 signature; torch 2.9+ passes
+    traces) with a function of the torch 2.8 signature; this torch passes
     one more argument, allow_nested_graph_breaks, which matters only when
     torch._dynamo.config.nested_graph_breaks is on (off by default, and a
     fullgraph trace has no graph breaks to nest). The replacement is given
@@ -118,13 +108,6 @@ def _adapt_to_this_torch() -> None:
     from torch._dynamo.symbolic_convert import InliningInstructionTranslator
 
     decorators = importlib.import_module("vllm.compilation.decorators")
-    inline_call = inspect.signature(InliningInstructionTranslator.inline_call)
-    if "allow_nested_graph_breaks" not in inline_call.parameters:
-        return
-    if "patched_inline_call(parent, func, args, kwargs)" not in inspect.getsource(
-        decorators
-    ):
-        return
     from unittest import mock
 
     class Patch:

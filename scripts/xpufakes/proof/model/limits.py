@@ -7,6 +7,7 @@ import re
 import time
 import traceback
 
+from xpufakes.proof.model import features
 from xpufakes.proof.model.report import TREE_LIMIT
 from xpufakes.proof.xpu import xpu_kernels
 
@@ -14,11 +15,6 @@ from xpufakes.proof.xpu import xpu_kernels
 class TreeLimit(Exception):
     """What the tree itself cannot do on XPU (a configuration it does not
     have, a model its XPU platform cannot run): the reason."""
-
-
-# sequence parallelism's switch, as each tree names it: PassConfig.enable_sp
-# (0.13 - 0.31), enable_sequence_parallelism before; 0.32.0 removed it
-SP_FIELDS = ("enable_sp", "enable_sequence_parallelism")
 
 
 def tree_limit(reason: TreeLimit, start: float, kind: str = TREE_LIMIT) -> dict:
@@ -42,10 +38,10 @@ def sp_turned_off(vllm_config, configuration: str) -> None:
     if configuration != "sp":
         return
     pass_config = vllm_config.compilation_config.pass_config
-    names = [n for n in SP_FIELDS if n in type(pass_config).__dataclass_fields__]
-    if names and not getattr(pass_config, names[0]):
+    field = features.sp_field(pass_config)
+    if field and not getattr(pass_config, field):
         raise TreeLimit(
-            f"the tree's VllmConfig turned {names[0]} off (it needs tensor "
+            f"the tree's VllmConfig turned {field} off (it needs tensor "
             "parallelism > 1; the proof runs one process)"
         )
 

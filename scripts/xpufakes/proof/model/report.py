@@ -138,6 +138,11 @@ def table(found: dict) -> str:
             lines.extend(f"      {where}" for where in c["where"])
         else:
             lines.append(said + "FAIL: the forward was not compiled")
+    if found.get("features"):
+        lines.append(
+            "  the tree's features the proof met (proof/model/features.py): "
+            + ", ".join(found["features"])
+        )
     if found.get("venv"):
         lines.append(f"  {found['venv']}")
     return "\n".join(lines)
