@@ -19,16 +19,16 @@ PACKAGE = tool.SCRIPTS / "xpufakes"
 LAYERS = {
     # plain helpers, nothing of the tool's own
     "common": [
-        "errors paths progress streams",
-        "ops",
+        "errors paths progress streams bypath",
+        "ops pluginsource",
         "transaction isolated",
         "children",
         "installer",
     ],
     # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
     "trees": [
-        "index natives",
-        "pins wheel pysource",
+        "index names",
+        "natives pins wheel pysource",
         "pinfacts",
         "record fetch",
         "tree compiled",

@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from xpufakes.common import pluginsource
 from xpufakes.common.errors import Refusal
-
-PACKAGE = "vllm_xpu_fakes"
-ENTRY_POINT = "xpu_fakes"  # in vllm.general_plugins (plugin/pyproject.toml)
 
 
 @dataclass(frozen=True)
@@ -30,17 +28,18 @@ def find(root: Path, given: str = "") -> Installed | None:
     """The plugin installed next to the tree's vllm/ (an installed vLLM's
     site-packages), or in `given` (a directory holding it: --plugin)."""
     directory = Path(given).resolve() if given else root
-    package = directory / PACKAGE
+    name = pluginsource.package()
+    package = directory / name
     if not (package / "__init__.py").is_file():
         if given:
             raise Refusal(
-                f"no {PACKAGE}/ in {directory} (--plugin names the "
+                f"no {name}/ in {directory} (--plugin names the "
                 "directory the plugin is installed in)"
             )
         return None
     version = ""
-    for info in sorted(directory.glob(f"{PACKAGE}-*.dist-info")):
-        version = info.name.removeprefix(f"{PACKAGE}-").removesuffix(".dist-info")
+    for info in sorted(directory.glob(f"{name}-*.dist-info")):
+        version = info.name.removeprefix(f"{name}-").removesuffix(".dist-info")
     newest = max(p.stat().st_mtime for p in package.glob("*.py"))
     return Installed(directory, version, newest)
 
@@ -52,11 +51,12 @@ def loaded_by_vllm(environ: dict[str, str] | None = None) -> str:
     if value is None:
         return ""
     names = [n.strip() for n in value.split(",") if n.strip()]
-    if ENTRY_POINT in names:
+    entry_point = pluginsource.entry_point()[0]
+    if entry_point in names:
         return ""
     return (
-        f"VLLM_PLUGINS={value!r} does not name {ENTRY_POINT!r}: vLLM will not "
-        f"load the plugin (add it: VLLM_PLUGINS={','.join([*names, ENTRY_POINT])})"
+        f"VLLM_PLUGINS={value!r} does not name {entry_point!r}: vLLM will not "
+        f"load the plugin (add it: VLLM_PLUGINS={','.join([*names, entry_point])})"
     )
 
 

@@ -3,21 +3,17 @@ xpu_gemm_reference.py): the stand-ins of the XPU GEMMs, which carry the
 kernels' schemas, with CPU kernels and no fake (the tree's fakes are what is
 tested)."""
 
-import importlib.util
-import sys
-
 from xpufakes.changes.kernels import REFERENCE
+from xpufakes.common import bypath
+
+# the reference kernels' module name, wherever they are loaded (make e2e's
+# plugin loads them under it too)
+NAME = "xpu_gemm_reference"
 
 
 def reference():
     """The reference-kernel module of this project (loaded once)."""
-    name = "xpu_gemm_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REFERENCE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return bypath.load(NAME, REFERENCE)
 
 
 def define_standins(kernels: str) -> list:

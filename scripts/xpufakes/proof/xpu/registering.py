@@ -12,10 +12,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from xpufakes.common import pluginsource
 from xpufakes.common.errors import Refusal
-
-# vLLM modules that register fakes for XPU ops, newest first.
-REGISTERING_MODULES = ("vllm._xpu_ops", "vllm._ipex_ops")
 
 
 def import_registering_module(root: Path | None):
@@ -26,7 +24,7 @@ def import_registering_module(root: Path | None):
         if "vllm" in sys.modules:
             raise RuntimeError("vllm was imported before the tree was chosen")
         sys.path.insert(0, str(root))
-    for name in REGISTERING_MODULES:
+    for name, _ in pluginsource.registering_modules():
         if importlib.util.find_spec(name) is not None:
             try:
                 module = importlib.import_module(name)
@@ -38,9 +36,6 @@ def import_registering_module(root: Path | None):
                 raise RuntimeError(f"{name} came from {module.__file__}, not {root}")
             return module
     raise ModuleNotFoundError("no vllm/_xpu_ops.py or vllm/_ipex_ops.py")
-
-
-PLUGIN_PACKAGE = "vllm_xpu_fakes"  # this project's vLLM plugin (plugin/)
 
 
 def load_plugin(directory: Path, any_platform: bool = False) -> dict:
@@ -55,13 +50,14 @@ def load_plugin(directory: Path, any_platform: bool = False) -> dict:
         os.environ["VLLM_XPU_FAKES_ANY_PLATFORM"] = "1"
     directory = Path(directory).resolve()
     sys.path.insert(0, str(directory))
-    plugin = importlib.import_module(PLUGIN_PACKAGE)
+    package = pluginsource.package()
+    plugin = importlib.import_module(package)
     if not Path(plugin.__file__).is_relative_to(directory):
-        raise RuntimeError(f"{PLUGIN_PACKAGE} came from {plugin.__file__}")
+        raise RuntimeError(f"{package} came from {plugin.__file__}")
     plugin.register()
     # what the sweep could not rebind: the plugin's whole-heap search, which
     # its register() never runs at start-up
-    getattr(importlib.import_module(f"{PLUGIN_PACKAGE}.plugin"), "unreached", list)()
+    getattr(importlib.import_module(f"{package}.plugin"), "unreached", list)()
     return plugin.state()
 
 
