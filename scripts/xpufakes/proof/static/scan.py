@@ -333,13 +333,13 @@ def scan(
             select(path)
     searched: set[str] = set()  # a text without these was not selected
     for _ in range(3):
-        names = {m.rsplit(".", 1)[-1] for m, s in scans.items() if s.op_calls}
-        names -= searched  # a text has not gained them since
-        if not names:
+        wanted = {m.rsplit(".", 1)[-1] for m, s in scans.items() if s.op_calls}
+        wanted -= searched  # a text has not gained them since
+        if not wanted:
             break
-        searched |= names
+        searched |= wanted
         for path, text in texts.items():
-            if names.module_name(path) not in scans and any(n in text for n in names):
+            if names.module_name(path) not in scans and any(n in text for n in wanted):
                 select(path)
 
     # code that runs inside vLLM ops the tree registers
