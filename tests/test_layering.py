@@ -54,8 +54,8 @@ LAYERS = {
     ],
     "proof.model": [
         "models transformers_pin report features",
-        "runner limits",
-        "environment build",
+        "limits",
+        "runner environment build",
         "trace",
         "cli",
     ],

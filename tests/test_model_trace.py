@@ -39,9 +39,11 @@ import pytest
 
 from support import downstream, releases, tool
 from support import plugin as plugin_support
+from xpufakes.changes import live
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit
+from xpufakes.proof.model import limits
 from xpufakes.proof.model import report as model_report
 from xpufakes.proof.model import runner as model_runner
 from xpufakes.trees import tree
@@ -64,7 +66,9 @@ def trace(root, tmp_path, model: str = MODEL, plugin=None) -> dict[str, dict]:
 
 
 def traces(root, tmp_path, models: list[str], plugin=None) -> dict[str, dict]:
-    """model -> trace()'s result for it, the models traced in one process."""
+    """model -> trace()'s result for it, the models traced in one process,
+    each cell classified by the tree's listed limits as `make audit` does
+    (data/limits.toml)."""
     out = tmp_path / "model.json"
     kernels = audit.kernels_of(tree.locate(str(root)))
     extra = ["--plugin", str(plugin), "--without-plugin-first"] if plugin else []
@@ -84,7 +88,7 @@ def traces(root, tmp_path, models: list[str], plugin=None) -> dict[str, dict]:
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS), PYTHONDONTWRITEBYTECODE="1"),
     )
     assert done.returncode == 0 and out.is_file(), done.stderr[-3000:]
-    found = json.loads(out.read_text())["models"]
+    found = limits.classify_tree(json.loads(out.read_text())["models"], root)
     assert [m["model"] for m in found] == models
     every = {}
     for model in found:
@@ -648,54 +652,6 @@ def test_the_int4_layout_stand_ins_give_the_gemm_the_checkpoints_weight():
     assert not torch.allclose(act @ read, want, atol=1e-3)
 
 
-def test_no_linear_kernel_for_xpu_is_the_trees_limit():
-    """vLLM 0.10.2's choose_mp_linear_kernel (compressed-tensors int4) has no
-    kernel for XPU: the cell is the tree's limit with vLLM's reasons; any
-    other ValueError (the negative control) is not."""
-    from xpufakes.proof.model import limits
-
-    error = ValueError(
-        "Failed to find a kernel that can implement the WNA16 linear layer. "
-        "Reasons: \n MarlinLinearKernel cannot implement due to: Marlin only "
-        "supported on CUDA\n ExllamaLinearKernel cannot implement due to: "
-        "Exllama only supports float16 activations"
-    )
-    said = limits.no_linear_kernel(error)
-    assert said.startswith("the tree has no linear kernel for this layer on XPU")
-    assert "MarlinLinearKernel: Marlin only supported on CUDA; Exllama" in said
-    assert limits.no_linear_kernel(ValueError("weight shape mismatch")) == ""
-    assert limits.no_linear_kernel(RuntimeError(str(error))) == ""
-
-
-def test_a_layer_its_method_never_made_is_the_trees_limit():
-    """llm-scaler's 0.14.0 tree (0a85564): its XPUFp8LinearMethod makes no
-    weight for an fp8 checkpoint, and its apply reads layer.weight: the
-    layer cannot run on XPU at all, so the cell is the tree's limit. Negative
-    controls: the same error raised outside the tree's quantization module,
-    or for an attribute some layer of the class has, stays a failure."""
-    import torch
-
-    from xpufakes.proof.model import limits
-
-    class QKVParallelLinear(torch.nn.Module):
-        pass
-
-    class XPUFp8LinearMethod:
-        pass
-
-    model = torch.nn.Sequential(QKVParallelLinear())
-    model[0].quant_method = XPUFp8LinearMethod()
-    error = AttributeError("'QKVParallelLinear' object has no attribute 'weight'")
-    apply = "vllm/model_executor/layers/quantization/ipex_quant.py:589 apply"
-    said = limits.never_made(error, ["llama.py:248 forward", apply], model)
-    assert said.startswith(
-        "the tree's XPUFp8LinearMethod never makes QKVParallelLinear.weight"
-    ), said
-    assert limits.never_made(error, ["llama.py:248 forward"], model) == ""
-    model[0].weight = torch.nn.Parameter(torch.zeros(1))
-    assert limits.never_made(error, [apply], model) == ""
-
-
 def test_transformers_release_refused_in_one_line():
     from xpufakes.proof.model import transformers_pin
 
@@ -730,3 +686,79 @@ def test_transformers_release_installed_beside_the_venv():
     # huggingface-hub 1.x is transformers 5's; 4.57 requires < 1.0
     assert pinned[1].startswith("0."), pinned
     assert versions("") == own
+
+
+# The issue's fault (issue 43): a regression in our own fix must fail the
+# proof. On pinned 0.14.1 after `make apply`, one line of the IPEX AWQ
+# forward that the series edits, `layer.ipex_qlinear(reshaped_x)`, made
+# `layer.ipex_qlinear_opaque(reshaped_x)`: before, `make audit
+# MODEL=qwen3_awq` exited 0, both cells "the tree's limit" (a classifier
+# excused any AttributeError raised in a quantization module).
+WOQ_CALL = "        out = layer.ipex_qlinear(reshaped_x)\n"
+
+
+def test_a_fault_in_a_line_of_our_fix_fails_the_audit(tmp_path):
+    """`make audit MODEL=qwen3_awq` (--static: the model proof decides)
+    on the patched tree exits 0, both cells traced (the control); with the
+    fault injected it exits 1, both cells failing at the changed line; and
+    even listed, word for word, as a limit of 0.14.1 the error is not
+    excused: it passed through ipex_quant.py, which the series edits.
+    Costs ~30 s (two model processes of one model)."""
+    root = releases.copy_of(PLAIN, tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+    def audit_awq() -> tuple[int, list[dict]]:
+        done = subprocess.run(
+            [str(TREE_PYTHON), "-m", "xpufakes", "audit", str(root), "--static"]
+            + ["--model", AWQ, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+        )
+        assert done.stdout.strip(), done.stderr[-3000:]
+        report = json.loads(done.stdout[done.stdout.index("{\n") :])
+        return done.returncode, report["model"]["configurations"]
+
+    status, cells = audit_awq()
+    assert status == 0, cells
+    assert [c["result"] for c in cells] == ["traced", "traced"], cells
+
+    quant = root / "vllm/model_executor/layers/quantization/ipex_quant.py"
+    text = quant.read_text()
+    awq = text.index("class IPEXAWQLinearMethod(")
+    at = text.index(WOQ_CALL, awq)
+    broken = WOQ_CALL.replace("ipex_qlinear(", "ipex_qlinear_opaque(")
+    quant.write_text(text[:at] + broken + text[at + len(WOQ_CALL) :])
+    status, cells = audit_awq()
+    assert status == 1, cells
+    for cell in cells:
+        assert cell["result"] in model_report.ERRORS, cell
+        assert "ipex_qlinear_opaque" in cell["error"], cell
+        assert quant.relative_to(root).as_posix() in cell["files"], cell
+    # listed exactly as the tree's limit, it is still not excused
+    listed = [
+        limits.Limit("0.14.1", AWQ, c["configuration"], c["error"], "listed")
+        for c in cells
+    ]
+    found = limits.classify(
+        [{"model": AWQ, "configurations": cells}],
+        limits.tree_name(root),
+        live.edited_by_us(tree.python_sources(root)),
+        listed,
+    )
+    for cell in found[0]["configurations"]:
+        assert cell["result"] in model_report.ERRORS, cell
+        assert "ipex_quant.py" in cell["not_excused"], cell
+    # the control of that: the same listing excuses it where no file of
+    # ours is on its way
+    excused = limits.classify(
+        [{"model": AWQ, "configurations": [dict(c, files=[]) for c in cells]}],
+        "0.14.1",
+        set(),
+        listed,
+    )
+    assert {c["result"] for c in excused[0]["configurations"]} == {
+        model_report.TREE_LIMIT
+    }

@@ -45,11 +45,12 @@ Writes a JSON object: the tree, the stand-ins, the set-up's seconds and
 configuration, see trace.trace_one). The models share the process and its set-up.
 A model that cannot be built under a configuration (vLLM refuses its
 configuration, a stand-in is missing, the set-up failed) is "not built",
-with the first line of the error and where it was raised. What the tree
-itself cannot run on XPU is "tree limit", with the reason (a configuration
-it does not have or turns off, a model class it does not have, a `_C` op
-its vllm-xpu-kernels release lacks, MLA without an MLA backend); an entry
-for other trees only (models.toml applies_to) is "not for this tree".
+with the first line of the error (vLLM's own words), where it was raised
+and every file of the tree it passed through. Whether that is a limit of
+the tree is not decided here: the tool decides it from data (limits.py,
+data/limits.toml). What the proof cannot run in one process (sequence
+parallelism, which a tree turns off at TP=1) is "the proof's limit"; an
+entry for other trees only (models.toml applies_to) is "not for this tree".
 """
 
 import argparse
@@ -114,7 +115,7 @@ def main(argv: list[str]) -> int:
     def each(model, work: Path) -> list[dict]:
         if failed is not None:
             return [{"configuration": c} | failed for c in chosen]
-        return [trace_one(model, c, work, tree, args.standins) for c in chosen]
+        return [trace_one(model, c, work, tree) for c in chosen]
 
     found = {
         m.name: {"tree": str(tree), "model": m.name, "what": m.what}

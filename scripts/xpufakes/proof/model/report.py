@@ -4,17 +4,26 @@ fails."""
 
 import re
 
-# A configuration the tree itself cannot run on XPU (a setting it does not
-# have, a model its XPU platform has no path for): its reason, not a failure
+# The results a configuration can have besides "traced" and the failures
+# ("failed", "not built", "writes lost", "not compiled"):
+# what the tree itself cannot run on XPU: a failure whose error a limit of
+# data/limits.toml names exactly (limits.py), excused, not a failure
 TREE_LIMIT = "tree limit"
-# An entry for other trees only (models.toml applies_to: llm-scaler's
+# what the proof cannot run (one process: tensor parallelism 1): not a
+# failure, and not proven either; never the tree's
+PROOF_LIMIT = "the proof's limit"
+# an entry for other trees only (models.toml applies_to: llm-scaler's
 # sym_int4): its reason, not a failure
 NOT_FOR_THIS_TREE = "not for this tree"
+# the failures whose error a listed limit can name
+ERRORS = ("failed", "not built")
+# what the table counts
+KINDS = ("traced", TREE_LIMIT, PROOF_LIMIT, NOT_FOR_THIS_TREE)
 
 
 def failing(found: dict) -> bool:
     return any(
-        c["result"] not in ("traced", TREE_LIMIT, NOT_FOR_THIS_TREE)
+        c["result"] not in ("traced", TREE_LIMIT, PROOF_LIMIT, NOT_FOR_THIS_TREE)
         for c in found["configurations"]
     )
 
@@ -62,11 +71,14 @@ def cell(c: dict, short: bool = False) -> str:
     if c["result"] == "not built":
         where = f" ({at(c['where'])})" if c.get("where") else ""
         return f"not built: {c['error']}{where}"
+    if c["result"] == TREE_LIMIT:  # listed: what it means, then vLLM's words
+        said = f"the tree's limit: {c.get('limit', '')}"
+        return said if short else f"{said} ({c['error']})"
     reason = c.get("error", "")
     if short:
-        reason = reason.split(" (", 1)[0]
-    if c["result"] == TREE_LIMIT:
-        return f"the tree's limit: {reason}"
+        reason = reason.split(":", 1)[0].split(" (", 1)[0]
+    if c["result"] == PROOF_LIMIT:
+        return f"the proof's limit (TP=1): {reason}"
     if c["result"] == NOT_FOR_THIS_TREE:
         return f"not for this tree: {reason}"
     return "fails, the forward was not compiled"
@@ -90,19 +102,25 @@ def matrix(found: list[dict]) -> str:
     for row in rows:
         cells = (v.ljust(w) for v, w in zip(row, widths, strict=True))
         lines.append("  " + " | ".join(cells).rstrip())
-    traced = sum(c["result"] == "traced" for m in found for c in m["configurations"])
-    total = sum(len(m["configurations"]) for m in found)
-    limits = sum(c["result"] == TREE_LIMIT for m in found for c in m["configurations"])
-    limited = f"; {limits} the tree's limit (not run on XPU by the tree)"
-    others = sum(
-        c["result"] == NOT_FOR_THIS_TREE for m in found for c in m["configurations"]
-    )
-    elsewhere = f"; {others} not for this tree"
-    lines.append(
-        f"  {traced} of {total} traced whole"
-        + (limited if limits else "")
-        + (elsewhere if others else "")
-    )
+    cells = [c for m in found for c in m["configurations"]]
+    counts = {kind: sum(c["result"] == kind for c in cells) for kind in KINDS}
+    said = [f"{counts['traced']} of {len(cells)} traced whole"]
+    # the excused cells, always counted: what the tree cannot run on XPU
+    said.append(f"{counts[TREE_LIMIT]} excused as the tree's limit (data/limits.toml)")
+    if counts[PROOF_LIMIT]:
+        said.append(f"{counts[PROOF_LIMIT]} the proof's limit (TP=1: not proven)")
+    if counts[NOT_FOR_THIS_TREE]:
+        said.append(f"{counts[NOT_FOR_THIS_TREE]} not for this tree")
+    failed = len(cells) - sum(counts.values())
+    if failed:
+        said.append(f"{failed} FAIL")
+    lines.append("  " + "; ".join(said))
+    gone = [c for c in cells if c.get("limit_gone")]
+    if gone:
+        lines.append(
+            f"  {len(gone)} listed limit(s) no longer happen (data/limits.toml): "
+            "see the models' lines"
+        )
     return "\n".join(lines)
 
 
@@ -115,29 +133,7 @@ def table(found: dict) -> str:
         f"stand-ins: {found['standins']}",
     ]
     for c in found["configurations"]:
-        if c["result"] == "not built":
-            lines.append(f"  {c['configuration']}: FAIL: not built: {c['error']}")
-            lines.extend(f"      {where}" for where in c["where"])
-            continue
-        if c["result"] in (TREE_LIMIT, NOT_FOR_THIS_TREE):
-            lines.append(f"  {c['configuration']}: {cell(c)}")
-            continue
-        custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
-        tokens = f"; {c['tokens']} tokens" if c.get("tokens") else ""
-        said = f"  {c['configuration']} (custom ops: {custom_ops}{tokens}): "
-        if c["result"] == "traced":
-            lines.append(
-                said + f"ok: traced whole, {c['graphs']} graph(s), "
-                f"{c['graph_breaks']} graph break(s)"
-            )
-            lines.append(f"      ops in the graph: {', '.join(c['ops'])}")
-        elif c["result"] == "writes lost":
-            lines.append(said + f"FAIL: {c['error']}")
-        elif c["result"] == "failed":
-            lines.append(said + f"FAIL: {_what(c)}")
-            lines.extend(f"      {where}" for where in c["where"])
-        else:
-            lines.append(said + "FAIL: the forward was not compiled")
+        lines.extend(_cell_lines(c))
     if found.get("features"):
         lines.append(
             "  the tree's features the proof met (proof/model/features.py): "
@@ -146,3 +142,37 @@ def table(found: dict) -> str:
     if found.get("venv"):
         lines.append(f"  {found['venv']}")
     return "\n".join(lines)
+
+
+def _cell_lines(c: dict) -> list[str]:
+    """A configuration's lines in a model's table: its result, where it
+    failed, why a listed limit was not excused or no longer happens."""
+    if c["result"] == "not built":
+        lines = [f"  {c['configuration']}: FAIL: not built: {c['error']}"]
+        lines.extend(f"      {where}" for where in c["where"])
+    elif c["result"] in (TREE_LIMIT, PROOF_LIMIT, NOT_FOR_THIS_TREE):
+        lines = [f"  {c['configuration']}: {cell(c)}"]
+    else:
+        custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
+        tokens = f"; {c['tokens']} tokens" if c.get("tokens") else ""
+        said = f"  {c['configuration']} (custom ops: {custom_ops}{tokens}): "
+        if c["result"] == "traced":
+            lines = [
+                said + f"ok: traced whole, {c['graphs']} graph(s), "
+                f"{c['graph_breaks']} graph break(s)",
+                f"      ops in the graph: {', '.join(c['ops'])}",
+            ]
+        elif c["result"] == "writes lost":
+            lines = [said + f"FAIL: {c['error']}"]
+        elif c["result"] == "failed":
+            lines = [said + f"FAIL: {_what(c)}"]
+            lines.extend(f"      {where}" for where in c["where"])
+        else:
+            lines = [said + "FAIL: the forward was not compiled"]
+    if c.get("not_excused"):
+        lines.append(f"      not excused: {c['not_excused']}")
+    for reason in c.get("limit_gone", []):
+        lines.append(
+            f"      a listed limit no longer happens (data/limits.toml): {reason}"
+        )
+    return lines

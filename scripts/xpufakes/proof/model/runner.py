@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xpufakes.common import isolated, paths
 from xpufakes.common.errors import Refusal
-from xpufakes.proof.model import models, transformers_pin
+from xpufakes.proof.model import limits, models, transformers_pin
 
 # `make audit MODEL=all`: every model of data/models.toml
 ALL = "all"
@@ -66,7 +66,8 @@ def run_all(
     transformers: str = "",
 ) -> list[dict]:
     """The model proof's result for each of the models (its JSON), traced in one
-    process with `python` (this one if not given) that sets up once. A
+    process with `python` (this one if not given) that sets up once, each
+    cell classified by the tree's listed limits (limits.py). A
     model that could not be built is in it, each configuration "not built"
     with the error; if the process wrote nothing, each is "not built" with
     the end of what it said. `plugin`: the directory this project's vLLM
@@ -122,7 +123,7 @@ def run_all(
         said = venv_missing(model, python)
         if said:
             model["venv"] = said
-    return found
+    return limits.classify_tree(found, root)
 
 
 def venv_missing(found: dict, python: str) -> str:

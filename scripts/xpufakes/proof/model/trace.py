@@ -2,7 +2,10 @@
 vLLM's own `@support_torch_compile` (fullgraph) with our backend, which
 takes the graph Dynamo captured, runs AOT autograd's functionalization on it
 with fake tensors (every op's fake runs, mutations become explicit) and
-stops; the result, or why there is none."""
+stops; the result, or why there is none: the error as vLLM (or Dynamo)
+raised it, exactly, with every file of the tree it passed through. Whether
+an error is a limit of the tree is not decided here (limits.py, in the
+tool, from data)."""
 
 import re
 import time
@@ -10,10 +13,9 @@ import traceback
 from pathlib import Path
 
 from xpufakes.proof.model import build as building
-from xpufakes.proof.model import limits
+from xpufakes.proof.model import features
 from xpufakes.proof.model import models as model_data
-from xpufakes.proof.model.limits import TreeLimit
-from xpufakes.proof.model.report import NOT_FOR_THIS_TREE
+from xpufakes.proof.model.report import NOT_FOR_THIS_TREE, PROOF_LIMIT
 
 
 class Traced(Exception):
@@ -104,6 +106,24 @@ def tree_frames(error: BaseException, tree: Path) -> list[str]:
     return frames
 
 
+def files_of(error: BaseException, tree: Path) -> list[str]:
+    """Every file of the tree an error passed through, tree-relative: the
+    frames of its traceback and of the errors it was raised from or while
+    handling (cause, context), and Dynamo's user frames of each."""
+    found, seen = set(), set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        frames = list(traceback.extract_tb(error.__traceback__))
+        frames += list(getattr(error, "real_stack", None) or [])
+        for frame in frames:
+            path = Path(frame.filename)
+            if path.is_relative_to(tree):
+                found.add(path.relative_to(tree).as_posix())
+        inner = getattr(error, "inner_exception", None)
+        error = inner or error.__cause__ or error.__context__
+    return sorted(found)
+
+
 def not_built(error: BaseException, tree: Path, start: float | None = None) -> dict:
     """The result of a model that could not be built: the first line of the
     error (and the reason under it where that line is pydantic's summary),
@@ -120,6 +140,7 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
         "result": "not built",
         "error": f"{type(error).__name__}: {first}",
         "where": frames,
+        "files": files_of(error, tree),
         "traceback": "".join(traceback.format_exception(error))[-3000:],
         "graphs": 0,
         "graph_breaks": 0,
@@ -132,17 +153,79 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
     return said
 
 
+def _first_line(error: BaseException) -> str:
+    """ "<Error>: <the first line of its message>"."""
+    said = str(error).split("\nfrom user code:")[0].strip()
+    return f"{type(error).__name__}: {(said.splitlines() or [''])[0].strip()}"
+
+
+def _observed(error: BaseException) -> str:
+    """The error the traced code itself raised ("<Error>: <message>"),
+    where Dynamo says only "Observed exception": the first error chained
+    below it that is not Dynamo's (the code's own, raised while it ran), or
+    else Dynamo's record of it (Observed<Error>, whose message is a constant
+    of the trace); "" otherwise."""
+    if not str(error).startswith("Observed exception"):
+        return ""
+    seen, recorded = set(), ""
+    cause = error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        name = type(cause).__name__
+        if not type(cause).__module__.startswith("torch._dynamo"):
+            return _first_line(cause)
+        if not recorded and name.startswith("Observed") and cause.args:
+            message = " ".join(str(getattr(a, "value", a)) for a in cause.args)
+            line = (message.strip().splitlines() or [""])[0].strip()
+            if line:
+                recorded = f"{name.removeprefix('Observed')}: {line}"
+        cause = cause.__cause__ or cause.__context__
+    return recorded
+
+
+def _not_run(kind: str, reason: str, start: float) -> dict:
+    """A configuration the proof did not build or trace, and no failure:
+    an entry for other trees (NOT_FOR_THIS_TREE), or what the proof itself
+    cannot run (PROOF_LIMIT)."""
+    return {
+        "result": kind,
+        "error": reason,
+        "where": [],
+        "graphs": 0,
+        "graph_breaks": 0,
+        "ops": [],
+        "seconds": round(time.monotonic() - start, 1),
+    }
+
+
+def sp_turned_off(vllm_config, configuration: str) -> str:
+    """ "" or the proof's limit: sequence parallelism was asked for and the
+    tree's VllmConfig turned it off again, as it does at tensor parallelism
+    1 (0.16.0+); the proof runs one process. Not the tree's limit: its
+    workers at TP > 1 run it."""
+    if configuration != "sp":
+        return ""
+    pass_config = vllm_config.compilation_config.pass_config
+    field = features.sp_field(pass_config)
+    if field and not getattr(pass_config, field):
+        return (
+            f"the tree's VllmConfig turned {field} off: it needs tensor "
+            "parallelism > 1, and the proof runs one process (TP=1)"
+        )
+    return ""
+
+
 def trace_one(
     model: model_data.Model,
     configuration: str,
     work: Path,
     tree: Path,
-    kernels: str = "",
 ) -> dict:
     """Build the model under one configuration and trace it. Returns
     {configuration, mode, custom_ops, forwards, methods, tokens, result ("traced",
-    "failed", "not compiled", "writes lost", "not built", "tree limit"), graphs,
-    graph_breaks, ops, nodes | error, where, seconds}."""
+    "failed", "not compiled", "writes lost", "not built", "the proof's
+    limit", "not for this tree"), graphs, graph_breaks, ops, nodes | error,
+    where, files, seconds}."""
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -155,20 +238,19 @@ def trace_one(
     captured: list = []
     elsewhere = building.not_for_this_tree(model)
     if elsewhere:
-        return {"configuration": configuration} | limits.tree_limit(
-            TreeLimit(elsewhere), start, NOT_FOR_THIS_TREE
+        return {"configuration": configuration} | _not_run(
+            NOT_FOR_THIS_TREE, elsewhere, start
         )
     try:
         directory = building.config_dir(model, work)
         vllm_config = building.configure(model, directory, configuration)
-    except TreeLimit as e:
-        return {"configuration": configuration} | limits.tree_limit(e, start)
     except Exception as e:  # noqa: BLE001 - the result
         return {"configuration": configuration} | not_built(e, tree, start)
-    try:
-        limits.sp_turned_off(vllm_config, configuration)
-    except TreeLimit as e:
-        return {"configuration": configuration} | limits.tree_limit(e, start)
+    turned_off = sp_turned_off(vllm_config, configuration)
+    if turned_off:
+        return {"configuration": configuration} | _not_run(
+            PROOF_LIMIT, turned_off, start
+        )
     compilation = vllm_config.compilation_config
     mode = getattr(compilation, "mode", None)
     if mode is None:
@@ -192,14 +274,6 @@ def trace_one(
             result["tokens"] = building.warm_up_tokens(vllm_config)
             inputs = building.inputs(model, built, result["tokens"])
         except Exception as e:  # noqa: BLE001 - the result
-            limit = (
-                limits.missing_kernel(e, kernels)
-                or limits.no_mla_backend(e, vllm_config)
-                or limits.no_linear_kernel(e)
-                or limits.never_made(e, tree_frames(e, tree), built)
-            )
-            if limit:
-                return result | limits.tree_limit(TreeLimit(limit), start)
             return result | not_built(e, tree, start)
         try:
             with set_forward_context(None, vllm_config), torch.inference_mode():
@@ -210,19 +284,15 @@ def trace_one(
             error = inner or e
             if isinstance(inner, Traced):
                 result |= {"result": "traced", "nodes": inner.args[0]}
-            elif limit := (
-                limits.missing_kernel(error, kernels)
-                or limits.never_made(error, where(error, tree), built)
-            ):
-                return result | limits.tree_limit(TreeLimit(limit), start)
             else:
                 text = str(error).split("\nfrom user code:")[0].strip()
-                lines = text.splitlines() or [""]
                 result |= {
                     "result": "failed",
-                    "error": f"{type(error).__name__}: {lines[0].strip()}",
+                    # the traced code's own error, where Dynamo only observed it
+                    "error": _observed(error) or _first_line(error),
                     "message": " ".join(text.split())[:2000],
                     "where": where(error, tree),
+                    "files": files_of(e, tree),
                 }
                 if not result["where"]:
                     result["traceback"] = traceback.format_exc()[-3000:]
