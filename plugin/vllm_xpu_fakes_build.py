@@ -41,7 +41,6 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PACKAGE = "vllm_xpu_fakes"
 # Built from an unpacked sdist (which has a PKG-INFO), or from the checkout
 # (plugin/, the repository around it).
 FROM_SDIST = (HERE / "PKG-INFO").is_file()
@@ -55,7 +54,6 @@ SHIPPED = ("_xpu_gemm_fakes.py", "_ipex_woq_linear.py", "_xpu_opaque_calls.py")
 GRID = REPO / "vllm_overlay" / "tests" / "kernels" / "quantization"
 SHIPPED_AS_IS = {"xpu_gemm_reference.py": GRID / "xpu_gemm_reference.py"}
 OVERLAY_IMPORT = "from vllm._xpu_gemm_fakes import "
-PLUGIN_IMPORT = f"from {PACKAGE}._xpu_gemm_fakes import "
 DATE = (1980, 1, 1, 0, 0, 0)  # the earliest a zip file can say
 LICENSE = "LICENSE"  # the repository's; .dist-info/licenses/LICENSE
 PAGE = "docs/plugin.md"  # the description's source, in the repository
@@ -96,6 +94,13 @@ def project() -> dict:
         if name.startswith(prefix)
     }
     return meta
+
+
+# The import package: the one vLLM's entry point names ("<package>:register"
+# in pyproject.toml, where the tool and the tests read it too).
+PACKAGE = next(iter(project()["entry_points"]["vllm.general_plugins"].values()))
+PACKAGE = PACKAGE.partition(":")[0]
+PLUGIN_IMPORT = f"from {PACKAGE}._xpu_gemm_fakes import "
 
 
 def shipped(name: str) -> bytes:

@@ -20,7 +20,7 @@ import torch
 from support import plugin as plugin_support
 from support import releases, standins
 from xpufakes.common import paths
-from xpufakes.proof import loading
+from xpufakes.proof.xpu import reference as reference_kernels
 from xpufakes.trees.pins import version_tuple
 
 TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
@@ -144,7 +144,7 @@ def test_woq_op_fake_matches_every_format(ipex_release):
     formats the AWQ / GPTQ paths produce: oneDNN and XeTLA layouts, bias,
     act-order g_idx, W4A8 compute; one row (XeTLA's mm_low_bits) and more."""
     libraries, woq = _load(ipex_release)  # noqa: F841
-    ref = loading.reference()
+    ref = reference_kernels.reference()
     failures = {}
     count = 0
     k, n, group = 128, 64, 32
@@ -214,7 +214,7 @@ def test_a_wrong_woq_fake_is_caught(ipex_release):
     """Negative control: the same opcheck with a fake that gets the rank
     wrong (flattened) or the dtype (fp32) fails."""
     libraries, woq = _load(ipex_release)  # noqa: F841
-    ref = loading.reference()
+    ref = reference_kernels.reference()
     module = _module(
         ref, "gptq", "onednn", False, False, False, torch.float16, 128, 64, 32
     )

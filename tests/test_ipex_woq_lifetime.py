@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from support import releases, standins
-from xpufakes.proof import loading
+from xpufakes.proof.xpu import reference as reference_kernels
 
 pytestmark = pytest.mark.forked
 
@@ -34,7 +34,7 @@ def _load(release: str):
 def _module(seed: int, k: int = K, n: int = N):
     """A reference IPEX WOQ module (GPTQ, oneDNN layout) with weights from
     `seed`."""
-    ref = loading.reference()
+    ref = reference_kernels.reference()
     torch.manual_seed(seed)
     pack = ref.pack_int4_rows
     return ref.ReferenceWOQLinear.from_weight(
@@ -199,7 +199,7 @@ def test_models_built_in_either_order_trace_alike_and_call_their_own_modules(
 def test_the_old_design_bakes_in_process_order_and_calls_the_wrong_module():
     """Negative control: with the old list design A's graphs differ by the
     order the models were built in, and A's graph calls A's modules for B."""
-    library = loading.reference().define_torch_ipex_woq_kernels()  # noqa: F841
+    library = reference_kernels.reference().define_torch_ipex_woq_kernels()  # noqa: F841
     same_code, own = _two_orders(_OldListWrapper, keys=0)
     assert not same_code
     assert own == [True, False, False, True]

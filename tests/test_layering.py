@@ -19,16 +19,16 @@ PACKAGE = tool.SCRIPTS / "xpufakes"
 LAYERS = {
     # plain helpers, nothing of the tool's own
     "common": [
-        "errors paths progress streams opschema",
-        "ops",
+        "errors paths progress streams opschema bypath",
+        "ops pluginsource",
         "transaction isolated",
         "children",
         "installer",
     ],
     # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
     "trees": [
-        "index natives",
-        "pins wheel pysource kernelcxx",
+        "index names",
+        "natives pins wheel pysource kernelcxx",
         "pinfacts",
         "record fetch",
         "tree compiled",
@@ -40,15 +40,28 @@ LAYERS = {
         "engine kernels export opfacts esimdfacts",
         "base live authoring",
     ],
-    # the proof and the audit
+    # the proof and the audit, in rooms: the static audit (source text, no
+    # torch), the XPU on a CPU (the stand-ins, a tree's fakes loaded
+    # against them), the whole-model proof, then the verbs' parts
+    "proof.static": [
+        "reach treeops pathconditions",
+        "scan schematruth",
+    ],
+    "proof.xpu": [
+        "cpu_kernels builtin device quantize_convert_standin",
+        "ipex extensions xpu_kernels loading_ops packages sym_int4 reference",
+        "registering",
+    ],
+    "proof.model": [
+        "models transformers_pin report features",
+        "limits",
+        "runner environment build",
+        "trace",
+        "cli",
+    ],
     "proof": [
-        "reach standins proofpython models plugin",
-        "treeops pathconditions",
-        "schematruth",
-        "quantize_convert_standin transformers_pin",
-        "scan loading modelproof",
-        "modeltrace",
-        "audit verify schemacontracts",
+        "plugin proofpython",
+        "verify audit schemacontracts",
         "prove testcases",
     ],
     # taking the fix upstream
@@ -72,8 +85,8 @@ LAYERS = {
 
 
 def _order(layers: dict[str, list[str]]) -> dict[str, tuple[int, int]]:
-    """module ("pkg.m", or "m" at the top) -> (its subpackage's rank, its
-    line's rank)."""
+    """module ("pkg.m", "pkg.sub.m", or "m" at the top) -> (its
+    subpackage's rank, its line's rank)."""
     return {
         f"{pkg}.{m}" if pkg else m: (rank, line_rank)
         for rank, (pkg, lines) in enumerate(layers.items())
@@ -83,15 +96,36 @@ def _order(layers: dict[str, list[str]]) -> dict[str, tuple[int, int]]:
 
 
 def _name(path: Path, package: Path) -> str:
-    """ "pkg.m" for a module of a subpackage, "m" for one at the top."""
+    """ "pkg.m" (or "pkg.sub.m") for a module of a subpackage, "m" for one
+    at the top."""
     return ".".join(path.relative_to(package).with_suffix("").parts)
 
 
+def _is_package(package: Path, parts: list[str]) -> bool:
+    return (package.joinpath(*parts) / "__init__.py").is_file()
+
+
+def _is_module(package: Path, parts: list[str]) -> bool:
+    return bool(parts) and package.joinpath(*parts).with_suffix(".py").is_file()
+
+
 def imports(path: Path, package: Path = PACKAGE) -> set[str]:
-    """The modules of the package ("pkg.m", or "m" at the top) that a module
-    imports, anywhere in it (a function's own imports too)."""
+    """The modules of the package ("pkg.m", "pkg.sub.m", or "m" at the
+    top) that a module imports, anywhere in it (a function's own imports
+    too). Importing a subpackage itself (its __init__.py, a docstring)
+    counts for nothing."""
     own_package = _name(path, package).split(".")[:-1]
     found = set()
+
+    def module_at(parts: list[str]) -> None:
+        # the longest prefix that is a module: `import xpufakes.a.b.c`,
+        # `from xpufakes.a.b import X` where X is a name of module a.b
+        for end in range(len(parts), 0, -1):
+            if _is_module(package, parts[:end]):
+                found.add(".".join(parts[:end]))
+                return
+        found.add(".".join(parts))  # no such module: problems() says so
+
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -101,19 +135,17 @@ def imports(path: Path, package: Path = PACKAGE) -> set[str]:
                 parts = node.module.split(".")[1:]
             else:
                 continue
-            if not parts or (package / parts[0] / "__init__.py").is_file():
-                if len(parts) <= 1:  # from xpufakes[.pkg] import m, n
-                    found.update(".".join([*parts, a.name]) for a in node.names)
-                else:  # from xpufakes.pkg.m import X
-                    found.add(".".join(parts[:2]))
-            else:  # from xpufakes.m import X
-                found.add(parts[0])
+            if not parts or _is_package(package, parts):
+                for alias in node.names:  # from xpufakes[.pkg] import m, n
+                    if not _is_package(package, [*parts, alias.name]):
+                        found.add(".".join([*parts, alias.name]))
+            else:  # from xpufakes.pkg.m import X
+                module_at(parts)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] == "xpufakes" and len(parts) > 1:
-                    nested = (package / parts[1] / "__init__.py").is_file()
-                    found.add(".".join(parts[1:3] if nested else parts[1:2]))
+                if parts[0] == "xpufakes":
+                    module_at(parts[1:])
     return found
 
 
@@ -180,9 +212,13 @@ def test_tree_knows_nothing_of_bases():
 
 
 def test_the_subpackages_are_the_folders():
-    """Every subpackage of LAYERS is a folder of the package, and every
-    folder with Python in it is a subpackage of LAYERS."""
-    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    """Every subpackage of LAYERS is a folder of the package (a subpackage
+    of one too: "proof.static"), and every folder with Python in it is a
+    subpackage of LAYERS."""
+    folders = {
+        ".".join(p.parent.relative_to(PACKAGE).parts)
+        for p in PACKAGE.rglob("*/__init__.py")
+    }
     assert folders == {pkg for pkg in LAYERS if pkg}
 
 
@@ -230,13 +266,32 @@ def test_the_check_finds_what_it_is_for(edges, expected):
         ("from xpufakes.changes.engine import State\n", {"changes.engine"}),
         ("import xpufakes.changes.engine\n", {"changes.engine"}),
         ("from xpufakes import cli\n", {"cli"}),
+        ("from xpufakes.proof.static import scan\n", {"proof.static.scan"}),
+        ("from xpufakes.proof.static.scan import TRACED\n", {"proof.static.scan"}),
+        ("import xpufakes.proof.static.scan\n", {"proof.static.scan"}),
+        ("from ..proof.static import scan\n", {"proof.static.scan"}),
+        ("from xpufakes.proof import static\n", set()),
     ],
-    ids=["function-level", "relative-up", "from-module", "import", "top"],
+    ids=[
+        "function-level",
+        "relative-up",
+        "from-module",
+        "import",
+        "top",
+        "nested-from-package",
+        "nested-from-module",
+        "nested-import",
+        "nested-relative",
+        "a-subpackage-itself",
+    ],
 )
 def test_every_import_form_counts(tmp_path, source, expected):
-    for pkg in ("trees", "changes"):
+    for pkg in ("trees", "changes", "proof", "proof/static"):
         (tmp_path / pkg).mkdir()
         (tmp_path / pkg / "__init__.py").write_text("")
+    for module in ("trees/base", "changes/engine", "changes/live", "proof/static/scan"):
+        (tmp_path / f"{module}.py").write_text("")
+    (tmp_path / "cli.py").write_text("")
     module = tmp_path / "trees" / "tree.py"
     module.write_text(source)
     assert imports(module, tmp_path) == expected

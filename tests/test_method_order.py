@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from xpufakes.trees import pysource
+from xpufakes.trees import names, pysource
 
 # module -> source; each class `f` returns its own name, so the method Python
 # calls names its owner.
@@ -72,12 +72,12 @@ def _python_classes(texts, root) -> dict[str, dict[str, type]]:
     for path, text in {"pkg/__init__.py": "", **texts}.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
-    names = [pysource.module_name(p) for p in texts]
+    modules_named = [names.module_name(p) for p in texts]
     for name in [n for n in sys.modules if n.split(".")[0] == "pkg"]:
         del sys.modules[name]
     sys.path.insert(0, str(root))
     try:
-        modules = {name: importlib.import_module(name) for name in names}
+        modules = {name: importlib.import_module(name) for name in modules_named}
     finally:
         sys.path.remove(str(root))
         for name in [n for n in sys.modules if n.split(".")[0] == "pkg"]:

@@ -1,4 +1,4 @@
-"""The whole-model proof (scripts/xpufakes/modeltrace.py): the report's model,
+"""The whole-model proof (scripts/xpufakes/proof/model): the report's model,
 the text model of Qwen3-VL-MoE at a tiny size (2 layers, 4 experts,
 interleaved MRoPE, online fp8: data/models.toml), built from the tree's own
 model module on the XPU platform's paths (XPUFp8LinearMethod,
@@ -39,9 +39,13 @@ import pytest
 
 from support import downstream, releases, tool
 from support import plugin as plugin_support
+from xpufakes.changes import live
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import audit, modelproof
+from xpufakes.proof import audit
+from xpufakes.proof.model import limits
+from xpufakes.proof.model import report as model_report
+from xpufakes.proof.model import runner as model_runner
 from xpufakes.trees import tree
 
 TREE_PYTHON = paths.REPO / ".venv-tree" / "bin" / "python"
@@ -62,7 +66,9 @@ def trace(root, tmp_path, model: str = MODEL, plugin=None) -> dict[str, dict]:
 
 
 def traces(root, tmp_path, models: list[str], plugin=None) -> dict[str, dict]:
-    """model -> trace()'s result for it, the models traced in one process."""
+    """model -> trace()'s result for it, the models traced in one process,
+    each cell classified by the tree's listed limits as `make audit` does
+    (data/limits.toml)."""
     out = tmp_path / "model.json"
     kernels = audit.kernels_of(tree.locate(str(root)))
     extra = ["--plugin", str(plugin), "--without-plugin-first"] if plugin else []
@@ -70,7 +76,7 @@ def traces(root, tmp_path, models: list[str], plugin=None) -> dict[str, dict]:
         [
             str(TREE_PYTHON),
             "-m",
-            "xpufakes.proof.modeltrace",
+            "xpufakes.proof.model.cli",
             str(root),
             ",".join(models),
             str(out),
@@ -82,7 +88,7 @@ def traces(root, tmp_path, models: list[str], plugin=None) -> dict[str, dict]:
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS), PYTHONDONTWRITEBYTECODE="1"),
     )
     assert done.returncode == 0 and out.is_file(), done.stderr[-3000:]
-    found = json.loads(out.read_text())["models"]
+    found = limits.classify_tree(json.loads(out.read_text())["models"], root)
     assert [m["model"] for m in found] == models
     every = {}
     for model in found:
@@ -147,7 +153,7 @@ def unpatched_int4_fails(results: dict) -> None:
         assert result["methods"]["IPEXAWQLinearMethod"] == 8, result["methods"]
         if configuration == "default":  # sp stops at the norm first
             assert result["error"].startswith("TorchRuntimeError: "), result
-            assert "(torch_ipex.mm_int4)" in modelproof.cell(result), result
+            assert "(torch_ipex.mm_int4)" in model_report.cell(result), result
             assert result["where"][-2].startswith(
                 "vllm/model_executor/layers/quantization/ipex_quant.py:"
             ), result["where"]
@@ -287,7 +293,7 @@ def test_plain_release_gemm_fakes_only_fail_with_sequence_parallelism(tmp_path):
     assert sp["where"][-1].startswith(SP_NORM), sp["where"]
     assert sp["forwards"]["RMSNorm"] == "forward_xpu"
     # the line make stage's PR text shows for it (prtext: before 0003)
-    said = modelproof.summary({"configurations": [default, sp]})
+    said = model_report.summary({"configurations": [default, sp]})
     assert said.startswith(
         "default: traced whole, 1 graph(s), 0 graph break(s); sp: fails, "
         "TorchRuntimeError: RuntimeError when making fake tensor call "
@@ -311,7 +317,7 @@ def test_plain_release_full_fix_traces_with_and_without_sequence_parallelism(
         assert result["result"] == "traced", result
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), result
         assert set(result["ops"]) == OPAQUE | wrapped[configuration], result
-    assert modelproof.summary({"configurations": list(results.values())}) == (
+    assert model_report.summary({"configurations": list(results.values())}) == (
         "default: traced whole, 1 graph(s), 0 graph break(s); "
         "sp: traced whole, 1 graph(s), 0 graph break(s)"
     )
@@ -457,32 +463,32 @@ def test_the_venv_is_named_only_where_it_is_missing(tmp_path, monkeypatch):
     python = str(bare / "bin" / "python")
     root = releases.pristine(PLAIN)
     kernels = audit.kernels_of(tree.locate(str(root)))
-    assert modelproof.TREE_PYTHON.exists()
-    monkeypatch.setattr(modelproof, "TREE_PYTHON", tmp_path / "no-venv" / "python")
-    [found] = modelproof.run_all(root, ["qwen3_moe"], kernels, "default,sp", python)
+    assert model_runner.TREE_PYTHON.exists()
+    monkeypatch.setattr(model_runner, "TREE_PYTHON", tmp_path / "no-venv" / "python")
+    [found] = model_runner.run_all(root, ["qwen3_moe"], kernels, "default,sp", python)
     for result in found["configurations"]:
         assert result["result"] == "not built", result
         assert result["error"].startswith(f"the model proof's Python ({python})")
         assert result["error"].endswith(": No module named 'torch'"), result
     assert "make venv-tree" in found["venv"], found["venv"]
-    assert "make venv-tree" in modelproof.table(found)
+    assert "make venv-tree" in model_report.table(found)
     monkeypatch.undo()  # .venv-tree exists
-    said = modelproof.venv_missing(found, python)
+    said = model_runner.venv_missing(found, python)
     assert "venv-tree" in said and "make venv-tree" not in said, said
     assert f"{python} has no module 'torch'" in said, said
     # its own Python: the missing module is the tree's error alone
-    assert modelproof.venv_missing(found, str(modelproof.TREE_PYTHON)) == ""
+    assert model_runner.venv_missing(found, str(model_runner.TREE_PYTHON)) == ""
 
 
 def test_model_names():
-    assert modelproof.names(" qwen3_moe, qwen3_vl_moe ") == [
+    assert model_runner.names(" qwen3_moe, qwen3_vl_moe ") == [
         "qwen3_moe",
         "qwen3_vl_moe",
     ]
-    every = modelproof.names("all")
+    every = model_runner.names("all")
     assert {"qwen3_moe", "qwen3_vl_moe"} <= set(every) and len(every) == len(set(every))
     with pytest.raises(Refusal, match="unknown model 'nope' \\(known: "):
-        modelproof.names("qwen3_moe,nope")
+        model_runner.names("qwen3_moe,nope")
 
 
 def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
@@ -491,7 +497,7 @@ def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
     gemma3 and qwen2_5_vl on the report's tree). The cell says the reason
     under it; the first line alone (the negative control) does not."""
     pydantic = pytest.importorskip("pydantic")
-    from xpufakes.proof import modeltrace
+    from xpufakes.proof.model import trace
 
     class ModelConfig(pydantic.BaseModel):
         size: int
@@ -510,7 +516,7 @@ def test_a_model_not_built_by_a_pydantic_error_says_why(tmp_path):
             ModelConfig(size=value)
         first = str(raised.value).splitlines()[0]
         assert first == "1 validation error for ModelConfig"  # says no reason
-        said = modeltrace.not_built(raised.value, tmp_path)
+        said = trace.not_built(raised.value, tmp_path)
         assert said["result"] == "not built"
         assert said["error"].startswith(f"ValidationError: {first}: {reason}"), said
         assert "[type=" not in said["error"] and "errors.pydantic" not in said["error"]
@@ -528,9 +534,9 @@ def test_the_sym_int4_library_stand_in_keeps_the_images_layout(tmp_path):
 
     import torch
 
-    from xpufakes.proof import standins
+    from xpufakes.proof.xpu import sym_int4
 
-    library = ctypes.CDLL(str(standins.q4_0_library(tmp_path)))
+    library = ctypes.CDLL(str(sym_int4.q4_0_library(tmp_path)))
     function = library.quantize_q4_0_to_qweight_and_scale
     function.argtypes = [
         ctypes.POINTER(ctypes.c_float),
@@ -601,10 +607,10 @@ def test_the_int4_layout_stand_ins_give_the_gemm_the_checkpoints_weight():
     a shuffled GPTQ weight read without its row order do not."""
     import torch
 
-    from xpufakes.proof import loading
-    from xpufakes.proof import quantize_convert_standin as convert
+    from xpufakes.proof.xpu import quantize_convert_standin as convert
+    from xpufakes.proof.xpu import reference as reference_kernels
 
-    reference = loading.reference()
+    reference = reference_kernels.reference()
     k, n, group = 64, 32, 16
     q = _int4_values(k, n, 1)
     zeros = _int4_values(k // group, n, 2)
@@ -648,56 +654,8 @@ def test_the_int4_layout_stand_ins_give_the_gemm_the_checkpoints_weight():
     assert not torch.allclose(act @ read, want, atol=1e-3)
 
 
-def test_no_linear_kernel_for_xpu_is_the_trees_limit():
-    """vLLM 0.10.2's choose_mp_linear_kernel (compressed-tensors int4) has no
-    kernel for XPU: the cell is the tree's limit with vLLM's reasons; any
-    other ValueError (the negative control) is not."""
-    from xpufakes.proof import modeltrace
-
-    error = ValueError(
-        "Failed to find a kernel that can implement the WNA16 linear layer. "
-        "Reasons: \n MarlinLinearKernel cannot implement due to: Marlin only "
-        "supported on CUDA\n ExllamaLinearKernel cannot implement due to: "
-        "Exllama only supports float16 activations"
-    )
-    said = modeltrace._no_linear_kernel(error)
-    assert said.startswith("the tree has no linear kernel for this layer on XPU")
-    assert "MarlinLinearKernel: Marlin only supported on CUDA; Exllama" in said
-    assert modeltrace._no_linear_kernel(ValueError("weight shape mismatch")) == ""
-    assert modeltrace._no_linear_kernel(RuntimeError(str(error))) == ""
-
-
-def test_a_layer_its_method_never_made_is_the_trees_limit():
-    """llm-scaler's 0.14.0 tree (0a85564): its XPUFp8LinearMethod makes no
-    weight for an fp8 checkpoint, and its apply reads layer.weight: the
-    layer cannot run on XPU at all, so the cell is the tree's limit. Negative
-    controls: the same error raised outside the tree's quantization module,
-    or for an attribute some layer of the class has, stays a failure."""
-    import torch
-
-    from xpufakes.proof import modeltrace
-
-    class QKVParallelLinear(torch.nn.Module):
-        pass
-
-    class XPUFp8LinearMethod:
-        pass
-
-    model = torch.nn.Sequential(QKVParallelLinear())
-    model[0].quant_method = XPUFp8LinearMethod()
-    error = AttributeError("'QKVParallelLinear' object has no attribute 'weight'")
-    apply = "vllm/model_executor/layers/quantization/ipex_quant.py:589 apply"
-    said = modeltrace._never_made(error, ["llama.py:248 forward", apply], model)
-    assert said.startswith(
-        "the tree's XPUFp8LinearMethod never makes QKVParallelLinear.weight"
-    ), said
-    assert modeltrace._never_made(error, ["llama.py:248 forward"], model) == ""
-    model[0].weight = torch.nn.Parameter(torch.zeros(1))
-    assert modeltrace._never_made(error, [apply], model) == ""
-
-
 def test_transformers_release_refused_in_one_line():
-    from xpufakes.proof import transformers_pin
+    from xpufakes.proof.model import transformers_pin
 
     with pytest.raises(Refusal, match="TRANSFORMERS='4.57; rm' is not a release"):
         transformers_pin.overlay("4.57; rm", sys.executable)
@@ -708,7 +666,7 @@ def test_transformers_release_installed_beside_the_venv():
     that transformers with the huggingface-hub and tokenizers it requires,
     importable in .venv-tree ahead of the venv's own (transformers 5 there:
     the negative control), and the venv is left as it was."""
-    from xpufakes.proof import transformers_pin
+    from xpufakes.proof.model import transformers_pin
 
     def versions(pythonpath: str) -> list[str]:
         code = (
@@ -730,3 +688,79 @@ def test_transformers_release_installed_beside_the_venv():
     # huggingface-hub 1.x is transformers 5's; 4.57 requires < 1.0
     assert pinned[1].startswith("0."), pinned
     assert versions("") == own
+
+
+# The issue's fault (issue 43): a regression in our own fix must fail the
+# proof. On pinned 0.14.1 after `make apply`, one line of the IPEX AWQ
+# forward that the series edits, `layer.ipex_qlinear(reshaped_x)`, made
+# `layer.ipex_qlinear_opaque(reshaped_x)`: before, `make audit
+# MODEL=qwen3_awq` exited 0, both cells "the tree's limit" (a classifier
+# excused any AttributeError raised in a quantization module).
+WOQ_CALL = "        out = layer.ipex_qlinear(reshaped_x)\n"
+
+
+def test_a_fault_in_a_line_of_our_fix_fails_the_audit(tmp_path):
+    """`make audit MODEL=qwen3_awq` (--static: the model proof decides)
+    on the patched tree exits 0, both cells traced (the control); with the
+    fault injected it exits 1, both cells failing at the changed line; and
+    even listed, word for word, as a limit of 0.14.1 the error is not
+    excused: it passed through ipex_quant.py, which the series edits.
+    Costs ~30 s (two model processes of one model)."""
+    root = releases.copy_of(PLAIN, tmp_path / "tree")
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+    def audit_awq() -> tuple[int, list[dict]]:
+        done = subprocess.run(
+            [str(TREE_PYTHON), "-m", "xpufakes", "audit", str(root), "--static"]
+            + ["--model", AWQ, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+        )
+        assert done.stdout.strip(), done.stderr[-3000:]
+        report = json.loads(done.stdout[done.stdout.index("{\n") :])
+        return done.returncode, report["model"]["configurations"]
+
+    status, cells = audit_awq()
+    assert status == 0, cells
+    assert [c["result"] for c in cells] == ["traced", "traced"], cells
+
+    quant = root / "vllm/model_executor/layers/quantization/ipex_quant.py"
+    text = quant.read_text()
+    awq = text.index("class IPEXAWQLinearMethod(")
+    at = text.index(WOQ_CALL, awq)
+    broken = WOQ_CALL.replace("ipex_qlinear(", "ipex_qlinear_opaque(")
+    quant.write_text(text[:at] + broken + text[at + len(WOQ_CALL) :])
+    status, cells = audit_awq()
+    assert status == 1, cells
+    for cell in cells:
+        assert cell["result"] in model_report.ERRORS, cell
+        assert "ipex_qlinear_opaque" in cell["error"], cell
+        assert quant.relative_to(root).as_posix() in cell["files"], cell
+    # listed exactly as the tree's limit, it is still not excused
+    listed = [
+        limits.Limit("0.14.1", AWQ, c["configuration"], c["error"], "listed")
+        for c in cells
+    ]
+    found = limits.classify(
+        [{"model": AWQ, "configurations": cells}],
+        limits.tree_name(root),
+        live.edited_by_us(tree.python_sources(root)),
+        listed,
+    )
+    for cell in found[0]["configurations"]:
+        assert cell["result"] in model_report.ERRORS, cell
+        assert "ipex_quant.py" in cell["not_excused"], cell
+    # the control of that: the same listing excuses it where no file of
+    # ours is on its way
+    excused = limits.classify(
+        [{"model": AWQ, "configurations": [dict(c, files=[]) for c in cells]}],
+        "0.14.1",
+        set(),
+        listed,
+    )
+    assert {c["result"] for c in excused[0]["configurations"]} == {
+        model_report.TREE_LIMIT
+    }

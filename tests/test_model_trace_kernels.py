@@ -1,8 +1,9 @@
 """The whole-model proof on a vllm-xpu-kernels-era release (issue 33, item 1):
 the models are built with vllm-xpu-kernels' `_C` activations, norms and
 rotary embedding as the tree's kernels release registers them
-(data/xpu_kernels_c.toml: CPU kernels, no fake of their own), and each
-cell says what the tree itself cannot run on XPU as the tree's limit.
+(data/xpu_kernels_c.toml: CPU kernels, no fake of their own), and a cell
+the tree itself cannot run on XPU is the tree's limit where
+data/limits.toml lists its error exactly.
 
 On 0.16.0 (vllm-xpu-kernels 0.1.2), unpatched:
 
@@ -13,8 +14,8 @@ On 0.16.0 (vllm-xpu-kernels 0.1.2), unpatched:
                 AWQLinearMethod, which at the start-up's batch (256 tokens
                 or more) calls `_C::awq_dequantize`, and below it
                 `_C::awq_gemm`: the kernels lack both
-  sp            the tree's limit: 0.16.0's VllmConfig turns sequence
-                parallelism off at TP=1
+  sp            the proof's limit: 0.16.0's VllmConfig turns sequence
+                parallelism off at TP=1, and the proof runs one process
 
 vLLM's own fakes for the two GEMMs suffice for these traces (the unpatched
 tree traces whole: issue 33 item 4's question, answered for these models).
@@ -27,7 +28,8 @@ import pytest
 from test_model_trace import NO_FAKE, TREE_PYTHON, traces
 
 from support import releases
-from xpufakes.proof import loading, modelproof
+from xpufakes.proof.model import report as modelproof
+from xpufakes.proof.xpu import xpu_kernels
 
 pytestmark = pytest.mark.skipif(
     not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
@@ -42,9 +44,11 @@ FAKE_GUARDS = (
 )
 
 
-def sp_is_the_trees_limit(result: dict) -> None:
-    assert result["result"] == modelproof.TREE_LIMIT, result
+def sp_is_the_proofs_limit(result: dict) -> None:
+    """Never the tree's: its workers run sp at TP > 1."""
+    assert result["result"] == modelproof.PROOF_LIMIT, result
     assert "turned enable_sp off" in result["error"], result
+    assert modelproof.cell(result).startswith("the proof's limit (TP=1): ")
 
 
 def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
@@ -61,10 +65,12 @@ def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
     assert awq["default"]["result"] == modelproof.TREE_LIMIT, awq["default"]
     # the start-up's 2048 tokens take AWQ's dequantize-and-matmul branch
     # (x.shape[:-1].numel() >= 256 in awq.py); 7 tokens took awq_gemm
-    assert "torch.ops._C.awq_dequantize" in awq["default"]["error"]
-    assert "vllm-xpu-kernels 0.1.2 does not define" in awq["default"]["error"]
+    assert awq["default"]["error"] == (
+        "AttributeError: '_OpNamespace' '_C' object has no attribute 'awq_dequantize'"
+    )
+    assert "vllm-xpu-kernels 0.1.2" in awq["default"]["limit"]
     for model in found.values():
-        sp_is_the_trees_limit(model["sp"])
+        sp_is_the_proofs_limit(model["sp"])
     assert not modelproof.failing(
         {"configurations": [w4a16["default"], awq["default"], awq["sp"]]}
     )
@@ -112,9 +118,9 @@ def test_newest_mla_and_gptq_trace_whole_and_fail_without_vllms_fakes(tmp_path):
     assert gptq["result"] == "traced", gptq
     assert gptq["methods"]["AutoGPTQLinearMethod"] == 8, gptq["methods"]
     assert "_xpu_C::int4_gemm_w4a16" in gptq["ops"], gptq["ops"]
-    for model in found.values():
+    for model in found.values():  # vLLM refuses the setting: no such switch
         assert model["sp"]["result"] == modelproof.TREE_LIMIT, model["sp"]
-        assert "has no sequence parallelism" in model["sp"]["error"]
+        assert "pass_config.enable_sp Unexpected keyword" in model["sp"]["error"]
 
     root = without_fakes(NEWEST, tmp_path / "without-fakes")
     without = traces(root, tmp_path, NEWEST_MODELS)
@@ -131,30 +137,33 @@ def test_the_kernels_c_schemas_are_the_releases():
     """Each release gets the schemas its csrc/torch_bindings.cpp defines
     (read at the tags): 0.1.2 declares silu_and_mul's input and rms_norm's
     weight mutated, 0.1.6 stopped, 0.1.12 made the norms' weight optional."""
-    old = loading.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.2")
+    old = xpu_kernels.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.2")
     assert old["silu_and_mul"] == "silu_and_mul(Tensor! out, Tensor! input) -> ()"
     assert old["rms_norm"] == (
         "rms_norm(Tensor! result, Tensor! input, Tensor! weight, float epsilon) -> ()"
     )
     assert "rms_norm_static_fp8_quant" not in old  # since 0.1.6
-    new = loading.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.15.4")
+    new = xpu_kernels.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.15.4")
     assert new["silu_and_mul"] == "silu_and_mul(Tensor! result, Tensor input) -> ()"
     assert new["rms_norm"] == (
         "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()"
     )
-    assert loading.xpu_kernels_c_schemas("intel-extension-for-pytorch 2.8.10") == {}
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "awq_gemm") is False
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "rms_norm") is True
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.5", "situ_and_mul") is False
-    assert loading.xpu_kernels_c_has("vllm-xpu-kernels 0.1.13", "situ_and_mul")
-    assert loading.xpu_kernels_c_has("intel-extension-for-pytorch 2.8.10", "x") is None
+    assert xpu_kernels.xpu_kernels_c_schemas("intel-extension-for-pytorch 2.8.10") == {}
+    assert xpu_kernels.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "awq_gemm") is False
+    assert xpu_kernels.xpu_kernels_c_has("vllm-xpu-kernels 0.1.2", "rms_norm") is True
+    has = xpu_kernels.xpu_kernels_c_has
+    assert has("vllm-xpu-kernels 0.1.5", "situ_and_mul") is False
+    assert xpu_kernels.xpu_kernels_c_has("vllm-xpu-kernels 0.1.13", "situ_and_mul")
+    assert has("intel-extension-for-pytorch 2.8.10", "x") is None
 
 
 def test_the_trees_limit_is_its_own_cell_and_no_failure():
     limit = {
         "configuration": "sp",
         "result": modelproof.TREE_LIMIT,
-        "error": "the tree has no sequence parallelism",
+        "error": "ValidationError: 1 validation error for CompilationConfig: "
+        "pass_config.enable_sp Unexpected keyword argument",
+        "limit": "the tree has no sequence parallelism",
         "where": [],
         "graphs": 0,
         "graph_breaks": 0,
@@ -164,20 +173,16 @@ def test_the_trees_limit_is_its_own_cell_and_no_failure():
     traced["graph_breaks"] = 0
     model = {"model": "m", "configurations": [traced, limit]}
     assert not modelproof.failing(model)
+    # what it means, then vLLM's words; in the table what it means only
     assert modelproof.cell(limit) == (
-        "the tree's limit: the tree has no sequence parallelism"
+        f"the tree's limit: the tree has no sequence parallelism ({limit['error']})"
     )
     table = modelproof.matrix([model])
-    assert "1 of 2 traced whole; 1 the tree's limit" in table
-    # in the table, a limit's parenthesised details are left to the lines
-    # above it (vLLM's reasons, a kernel each, made cells of 700 characters)
-    detailed = dict(limit, error="no linear kernel on XPU (Failed to find: A; B)")
-    assert modelproof.cell(detailed) == f"the tree's limit: {detailed['error']}"
-    row = modelproof.matrix([dict(model, configurations=[traced, detailed])])
-    assert "| the tree's limit: no linear kernel on XPU\n" in row, row
+    assert "1 of 2 traced whole; 1 excused as the tree's limit" in table
+    assert "| the tree's limit: the tree has no sequence parallelism\n" in table
     # the control: the same cell not built is a failure
     broken = dict(limit, result="not built")
     assert modelproof.failing({"model": "m", "configurations": [traced, broken]})
-    assert "the tree's limit" not in modelproof.matrix(
-        [{"model": "m", "configurations": [traced, broken]}]
-    )
+    table = modelproof.matrix([{"model": "m", "configurations": [traced, broken]}])
+    assert "| the tree's limit" not in table
+    assert "1 of 2 traced whole; 0 excused as the tree's limit" in table

@@ -1,4 +1,4 @@
-"""The stand-ins for a vLLM build's native modules (loading.NATIVE_MODULES),
+"""The stand-ins for a vLLM build's native modules (natives.NATIVE_MODULES),
 which the proof and `make audit` load a tree's fakes with: every native
 module name of the pinned sdists is one, every import form works, and the
 tree's own Python is never hidden behind one. (The trees themselves, the
@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from support import releases, tool
-from xpufakes.proof import loading
+from xpufakes.proof.xpu import extensions
 
 _EXTENSION = re.compile(r'CMakeExtension\(\s*(?:name\s*=\s*)?"([\w.]+)"')
 _TARGET = re.compile(r"define_extension_target\(\s*(\w+)")
@@ -41,16 +41,16 @@ def test_every_native_module_of_the_releases_is_stood_in():
         names = _build_names(releases.pristine(version))
         assert "vllm._C" in names, version  # the patterns find what they should
         seen |= names
-    missing = sorted(n for n in seen if not loading.is_native(n))
+    missing = sorted(n for n in seen if not extensions.is_native(n))
     assert not missing, missing
     assert {"vllm._moe_C", "vllm._flashmla_C", "vllm.cumem_allocator"} <= seen
 
 
 IMPORTS = """
 import sys
-from xpufakes.proof import loading
+from xpufakes.proof.xpu import extensions
 
-loading.stub_vllm_extensions()
+extensions.stub_vllm_extensions()
 sys.path.insert(0, sys.argv[1])
 
 import vllm._C.ops
@@ -62,7 +62,7 @@ import vllm.cumem_allocator
 import vllm._downstream_xpu_C
 
 assert ops is vllm._C.ops and rms_norm is vllm._C.ops.rms_norm
-assert isinstance(moe, loading.NativeStandIn)
+assert isinstance(moe, extensions.NativeStandIn)
 assert not hasattr(vllm._C, "__file__")
 assert type(rms_norm) is type(len) and rms_norm.__module__ == "vllm._C.ops"
 try:

@@ -35,8 +35,8 @@ import pytest
 
 from support import tool
 from xpufakes.changes import opfacts, recipes
-from xpufakes.common import ops
-from xpufakes.proof import models
+from xpufakes.common import ops, pluginsource
+from xpufakes.proof.model import models
 from xpufakes.staging import inplace, upstream
 from xpufakes.trees import pinfacts, pins
 
@@ -45,7 +45,7 @@ DATA = tool.SCRIPTS / "xpufakes" / "data"
 FAKES_MODULE = "vllm_overlay/vllm/_xpu_gemm_fakes.py"
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
-PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
+PLUGIN = pluginsource.module_source()
 INPLACE_TEST = opfacts.INPLACE_TEST
 CONTRIBUTORS = "docs/contributors.md"
 TRACED_PATH = "docs/traced-path.md"

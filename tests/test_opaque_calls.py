@@ -154,11 +154,11 @@ def _ops_module(tree):
     kernels for the eager runs), then the tree's vllm/_xpu_opaque_calls.py."""
     import torch  # noqa: F401
 
-    from xpufakes.proof import loading, standins
+    from xpufakes.proof.xpu import extensions, ipex
 
-    libraries = [standins.define_torch_ipex_ops(also_cpu=True)]
-    standins.install_ipex()
-    loading.stub_vllm_extensions(tree)
+    libraries = [ipex.define_torch_ipex_ops(also_cpu=True)]
+    ipex.install_ipex()
+    extensions.stub_vllm_extensions(tree)
     sys.path.insert(0, str(tree))
     import vllm._xpu_opaque_calls as calls
 
@@ -250,7 +250,7 @@ def test_opcheck_catches_a_contract_that_hides_a_mutation(b6_patched):
 def test_pinned_ipex_releases_patched_reach_no_call_dynamo_cannot_trace():
     """The series' 0003 on every IPEX-era sample release: the audit's search
     finds no reached call left (negative control: the pristine release)."""
-    from xpufakes.proof import reach
+    from xpufakes.proof.static import reach
     from xpufakes.trees import tree
 
     for version in ("0.10.2", "0.14.1"):

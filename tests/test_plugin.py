@@ -36,7 +36,9 @@ from packaging.metadata import Metadata
 from support import grid, releases, standins, tool
 from support import plugin as plugin_support
 from xpufakes.common import paths
-from xpufakes.proof import loading, verify
+from xpufakes.proof import verify
+from xpufakes.proof.xpu import extensions, registering, xpu_kernels
+from xpufakes.proof.xpu import ipex as ipex_standin
 
 OVERLAY = paths.REPO / "vllm_overlay" / "vllm"
 PACKAGE = plugin_support.PACKAGE
@@ -436,7 +438,7 @@ def _load_release(tree: Path, release: str) -> list:
     sys.dont_write_bytecode = True
     libraries = standins.define_standins(release)
     if releases.era(release) == "ipex":
-        loading.standins.install_ipex()
+        ipex_standin.install_ipex()
     standins.import_vllm_module(tree, release)
     return libraries
 
@@ -453,7 +455,7 @@ def _plugin(site: Path, monkeypatch) -> types.ModuleType:
 def _owner(qualname: str) -> str:
     """The module of the fake registered for an op ('' if none): torch
     keeps the function it was given inside its own wrappers."""
-    fake = loading.fake_of(qualname)
+    fake = registering.fake_of(qualname)
     while fake is not None and fake.__module__.startswith("torch."):
         inner = getattr(fake, "func", None) or next(
             (
@@ -550,7 +552,7 @@ def test_plugin_imports_vllms_registering_module_first(site, monkeypatch):
     first, so the newest registration, the one that wins, is the plugin's."""
     tree = releases.pristine("0.33.0")
     libraries = standins.define_standins("0.33.0")  # noqa: F841
-    loading.stub_xpu_kernel_package()
+    xpu_kernels.stub_xpu_kernel_package()
     sys.path.insert(0, str(tree))
     assert "vllm._xpu_ops" not in sys.modules
     plugin = _plugin(site, monkeypatch)
@@ -567,7 +569,7 @@ def test_fakes_registered_before_vllms_lose_on_this_torch(site, monkeypatch):
     default) leave vLLM's wrong fakes in place."""
     tree = releases.pristine("0.33.0")
     libraries = standins.define_standins("0.33.0")  # noqa: F841
-    loading.stub_xpu_kernel_package()
+    xpu_kernels.stub_xpu_kernel_package()
     sys.path.insert(0, str(site))
     from vllm_xpu_fakes import _xpu_gemm_fakes
 
@@ -584,7 +586,7 @@ def test_ipex_era_plugin_registers_the_ipex_gemm_fake(site, monkeypatch):
     the grid, IPEX's WOQ linear modules are wrapped, IPEX's untraceable
     APIs are rebound. A second register() does nothing new and logs nothing."""
     libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")  # noqa: F841
-    assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
+    assert registering.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
     plugin = _plugin(site, monkeypatch)
     with _logged() as first:
         plugin.register()
@@ -614,7 +616,7 @@ def test_register_does_nothing_off_xpu_and_never_raises(site, monkeypatch):
         vllm_xpu_fakes.register()
     assert plugin.state()["skipped"].startswith("the platform is not XPU"), said
     assert plugin.state()["registered"] == []
-    assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
+    assert registering.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
     assert said == [
         f"vllm-xpu-fakes: {plugin.state()['skipped']}: nothing to do "
         f"({plugin.state()['seconds']:.3f} s)"
@@ -684,7 +686,7 @@ def test_a_fault_in_a_step_is_undone_said_and_retried(where, site, monkeypatch):
     register() does not raise, and the next register() makes the whole fix.
     A fake torch refuses is not registered, said, and retried."""
     libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
-    libraries.append(loading.standins.define_torch_ipex_ops())
+    libraries.append(ipex_standin.define_torch_ipex_ops())
     import intel_extension_for_pytorch as ipex
 
     copies = _vllm_module("vllm.fault_copies", FAULT_COPIES)
@@ -742,7 +744,7 @@ def test_a_fault_in_a_step_is_undone_said_and_retried(where, site, monkeypatch):
     if step == "fakes":  # the others stay registered; this one is retried
         assert "tried again at the next call" in lines[0]
         assert state["registered"] == []
-        assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
+        assert registering.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is None
     else:
         assert "undone, as vLLM has it" in lines[0]
         assert ours(_snapshot(ipex, copies)) == ours(before)
@@ -772,7 +774,7 @@ def test_a_fault_in_the_holder_search_is_said_and_changes_nothing(site, monkeypa
     it, never register()): a fault in it says the search failed, changes
     nothing, and the search works again after."""
     libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
-    libraries.append(loading.standins.define_torch_ipex_ops())
+    libraries.append(ipex_standin.define_torch_ipex_ops())
     copies = _vllm_module("vllm.fault_copies", FAULT_COPIES)
     plugin_package = _plugin(site, monkeypatch)
     from vllm_xpu_fakes import plugin
@@ -827,14 +829,14 @@ def test_a_plugin_that_cannot_be_loaded_says_nothing_changed(site, tmp_path):
 def test_register_does_nothing_on_a_tree_make_apply_patched(site, monkeypatch):
     tree = releases.patched("0.14.1")
     libraries = _load_release(tree, "0.14.1")  # noqa: F841
-    before = loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu")
+    before = registering.fake_of("torch_ipex::fp8_gemm_w8a16.xpu")
     assert _owner("torch_ipex::fp8_gemm_w8a16.xpu") == "vllm._xpu_gemm_fakes"
     plugin = _plugin(site, monkeypatch)
     with _logged() as said:
         plugin.register()
     assert "patched by make apply" in plugin.state()["skipped"]
     assert len(said) == 1 and re.search(r"nothing to do \(\d+\.\d{3} s\)$", said[0])
-    assert loading.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is before
+    assert registering.fake_of("torch_ipex::fp8_gemm_w8a16.xpu") is before
 
 
 # A module of vLLM's (a downstream's patched file is one too) that took
@@ -872,7 +874,7 @@ def _vllm_module(name: str, text: str) -> types.ModuleType:
     import importlib.util
     import tempfile
 
-    loading.stub_vllm_extensions()
+    extensions.stub_vllm_extensions()
     path = Path(tempfile.mkdtemp()) / f"{name.rpartition('.')[2]}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -894,7 +896,7 @@ def test_copies_in_vllms_modules_are_rebound_and_nothing_else(site, monkeypatch)
     third party's. A callee whose parameters differ from its contract is
     left alone."""
     libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
-    libraries.append(loading.standins.define_torch_ipex_ops())
+    libraries.append(ipex_standin.define_torch_ipex_ops())
     import intel_extension_for_pytorch as ipex
 
     copies = _vllm_module("vllm.downstream_copies", FAULT_COPIES)
@@ -953,7 +955,7 @@ def test_a_rebound_callee_returns_what_the_original_returns(site, monkeypatch):
     (the op's, None) makes the compiled block fail, and a call form the
     contract does not describe stays untraceable, as it was."""
     libraries = _load_release(releases.pristine("0.14.1"), "0.14.1")
-    libraries.append(loading.standins.define_torch_ipex_ops(also_cpu=True))
+    libraries.append(ipex_standin.define_torch_ipex_ops(also_cpu=True))
     import intel_extension_for_pytorch as ipex
 
     functional = ipex.llm.functional

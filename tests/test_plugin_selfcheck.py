@@ -30,7 +30,8 @@ import pytest
 from support import plugin as plugin_support
 from support import releases, standins
 from xpufakes.changes.kernels import REFERENCE
-from xpufakes.proof import loading, verify
+from xpufakes.proof import verify
+from xpufakes.proof.xpu import extensions, ipex, reference, registering, xpu_kernels
 
 PACKAGE = plugin_support.PACKAGE
 IN_EFFECT = "vllm-xpu-fakes: the fix is in effect here"
@@ -68,10 +69,10 @@ def _kernels(release: str) -> list:
     sys.dont_write_bytecode = True
     libraries = standins.define_standins(release)
     if releases.era(release) == "ipex":
-        libraries.append(loading.standins.define_torch_ipex_ops())
-        loading.standins.install_ipex()
+        libraries.append(ipex.define_torch_ipex_ops())
+        ipex.install_ipex()
     else:
-        loading.stub_xpu_kernel_package()
+        xpu_kernels.stub_xpu_kernel_package()
     return libraries
 
 
@@ -464,10 +465,10 @@ def test_the_shipped_grid_agrees_with_make_verify_xpu(site):
     case (make verify-xpu's does too: tests/test_plugin.py). --quick's
     subset of the grid: the whole grid takes 66 s."""
     tree = releases.pristine("0.33.0")
-    libraries = loading.define_standins("vllm-xpu-kernels 0.1.15.4")  # noqa: F841
-    loading.stub_xpu_kernel_package()
-    loading.stub_vllm_extensions(tree)
-    loading.import_registering_module(tree)
+    libraries = reference.define_standins("vllm-xpu-kernels 0.1.15.4")  # noqa: F841
+    xpu_kernels.stub_xpu_kernel_package()
+    extensions.stub_vllm_extensions(tree)
+    registering.import_registering_module(tree)
     sys.path.insert(0, str(site))
     from vllm_xpu_fakes import opcheck
 
@@ -476,7 +477,7 @@ def test_the_shipped_grid_agrees_with_make_verify_xpu(site):
     assert "vllm::xpu_fp8_bmm" in before and "_xpu_C::fp8_bmm" in before
     assert all(failed for _, _, failed, _ in before.values()), before
     assert sum(passed for _, passed, _, _ in before.values()) > 0, before
-    loading.load_plugin(site, any_platform=True)
+    registering.load_plugin(site, any_platform=True)
     after = _summary(opcheck.run("cpu", full=False))
     assert set(after) == set(before)
     assert all(

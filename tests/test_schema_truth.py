@@ -1,4 +1,4 @@
-"""Schema truth (proof/schematruth.py, `make audit`): an op whose schema
+"""Schema truth (proof/static/schematruth.py, `make audit`): an op whose schema
 hides what its kernel does is found, each class with its negative control
 (the truthful schema passes). Small synthetic trees and a synthetic kernel
 package, read the way the real ones are (trees/kernelcxx.py reads the C++,
@@ -15,8 +15,9 @@ import pytest
 from support import releases
 from xpufakes.changes import esimdfacts
 from xpufakes.common import opschema
-from xpufakes.proof import audit, schematruth
-from xpufakes.proof.scan import IF_ENABLED, TRACED, CallSite
+from xpufakes.proof import audit
+from xpufakes.proof.static import schematruth
+from xpufakes.proof.static.scan import IF_ENABLED, TRACED, CallSite
 from xpufakes.trees import kernelcxx, tree
 
 PACKAGE = "custom_esimd_kernels_vllm"

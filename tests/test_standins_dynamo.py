@@ -1,5 +1,5 @@
 """The stand-ins look to Dynamo as the real things do (scripts/xpufakes/
-standins.py, loading.py): a trace through each fails the way it fails on an
+proof/xpu): a trace through each fails the way it fails on an
 XPU host, and the stand-ins used before (or registered the wrong way) are
 the negative controls that show why each detail matters.
 
@@ -13,7 +13,8 @@ import types
 import pytest
 import torch
 
-from xpufakes.proof import loading, standins
+from xpufakes.proof.xpu import extensions, packages
+from xpufakes.proof.xpu import ipex as ipex_standin
 from xpufakes.trees import natives
 
 pytestmark = pytest.mark.forked
@@ -47,7 +48,7 @@ def _tree(tmp_path, text: str):
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
     (tmp_path / "vllm" / "downstream.py").write_text(text)
-    loading.stub_vllm_extensions(tmp_path)
+    extensions.stub_vllm_extensions(tmp_path)
     sys.path.insert(0, str(tmp_path))
     import vllm.downstream
 
@@ -129,8 +130,8 @@ def test_used_as_modules_follows_the_tree():
 
 @pytest.fixture
 def ipex():
-    library = standins.define_torch_ipex_ops()  # noqa: F841 - kept alive
-    yield standins.install_ipex()
+    library = ipex_standin.define_torch_ipex_ops()  # noqa: F841 - kept alive
+    yield ipex_standin.install_ipex()
     for name in [n for n in sys.modules if n.startswith("intel_extension")]:
         del sys.modules[name]
 
@@ -192,8 +193,8 @@ def test_the_stand_in_modules_make_each_name_once_and_it_raises_when_used():
     look-up fails the `is`, one whose names did nothing the raises."""
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed: no stand-in")
-    assert standins.install_torchvision()
-    assert standins.install_downstream_packages() == ["custom_esimd_kernels_vllm"]
+    assert packages.install_torchvision()
+    assert packages.install_downstream_packages() == ["custom_esimd_kernels_vllm"]
     import custom_esimd_kernels_vllm.ops as ops
     import torchvision.transforms.v2 as v2
 

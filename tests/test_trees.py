@@ -392,7 +392,7 @@ def test_report_image_with_native_imports(tmp_path):
 TODAYS_STUB = """
 import importlib.abc, importlib.machinery, re, sys, types
 from xpufakes import cli
-from xpufakes.proof import loading
+from xpufakes.proof.xpu import extensions
 
 class Stubs(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
@@ -403,7 +403,7 @@ class Stubs(importlib.abc.MetaPathFinder):
     def exec_module(self, module):
         pass
 
-loading.stub_vllm_extensions = lambda *a: sys.meta_path.append(Stubs())
+extensions.stub_vllm_extensions = lambda *a: sys.meta_path.append(Stubs())
 sys.exit(cli.main(sys.argv[1:]))
 """
 

@@ -1,4 +1,4 @@
-"""The search for calls Dynamo cannot trace (scripts/xpufakes/proof/reach.py) and
+"""The search for calls Dynamo cannot trace (scripts/xpufakes/proof/static/reach.py) and
 the audit's verdicts on them: on small trees that hold one kind of call
 each (and, as negative controls, the same call where the traced path does
 not reach it), and on the pinned sdists and a b6-like downstream tree
@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from support import downstream, releases, tool
-from xpufakes.proof import reach, scan
-from xpufakes.proof.reach import CTYPES
+from xpufakes.proof.static import reach, scan
+from xpufakes.proof.static.reach import CTYPES
 from xpufakes.trees import pysource, tree
 
 CUSTOM_OP = """

@@ -140,9 +140,9 @@ def _fast_standin():
     around it shows. Correctness is the reference kernels' job, not this."""
     import torch
 
-    from xpufakes.proof import loading
+    from xpufakes.proof.xpu import reference as reference_kernels
 
-    reference = loading.reference()
+    reference = reference_kernels.reference()
     library = torch.library.Library("_xpu_C", "FRAGMENT")
     library.define(reference.XPU_C_SCHEMAS["fp8_gemm_w8a16"])
     weights: dict = {}
@@ -203,18 +203,18 @@ def worker(variant: str, device: str, repeats: int) -> dict:
     import torch
     import torch._dynamo.testing
 
-    from xpufakes.proof import loading
+    from xpufakes.proof.xpu import registering, xpu_kernels
 
     libraries = []
     if device == "cpu":
         libraries = [_fast_standin()]
     if variant in ("ours", "upstream"):
         if device == "cpu":
-            loading.stub_xpu_kernel_package()
+            xpu_kernels.stub_xpu_kernel_package()
             tree = _tree(variant)
-            loading.import_registering_module(tree)
+            registering.import_registering_module(tree)
         else:
-            loading.import_registering_module(None)  # the installed vLLM
+            registering.import_registering_module(None)  # the installed vLLM
     block = _block(device)
     result: dict = {"variant": variant, "throughput": {}, "errors": {}}
     for layout in ("2d", "3d"):
@@ -317,10 +317,10 @@ def _compile_time(device: str) -> dict:
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import time, torch, bench as b\n"
-        "from xpufakes.proof import loading\n"
+        "from xpufakes.proof.xpu import registering, xpu_kernels\n"
         "libs = b._fast_standin()\n"
-        "loading.stub_xpu_kernel_package()\n"
-        "loading.import_registering_module(b._tree('ours'))\n"
+        "xpu_kernels.stub_xpu_kernel_package()\n"
+        "registering.import_registering_module(b._tree('ours'))\n"
         "block = b._block('cpu')\n"
         "x, _ = b._input(256, '2d', 'cpu')\n"
         "torch._dynamo.mark_dynamic(x, 0)\n"

@@ -26,8 +26,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from xpufakes.changes import base, live  # noqa: E402
 from xpufakes.common import isolated  # noqa: E402
-from xpufakes.proof import proofpython, scan  # noqa: E402
+from xpufakes.proof import proofpython  # noqa: E402
 from xpufakes.proof import prove as proof  # noqa: E402
+from xpufakes.proof.static import scan  # noqa: E402
 from xpufakes.trees import tree  # noqa: E402
 from xpufakes.verbs import apply  # noqa: E402
 from xpufakes.verbs.pipeline import Report  # noqa: E402
@@ -41,14 +42,15 @@ t1 = time.perf_counter()
 import torch._dynamo
 from torch.testing._internal.optests import generate_tests  # noqa: F401
 t2 = time.perf_counter()
-from xpufakes.proof import loading, verify
-libraries = loading.define_standins(sys.argv[2])
-loading.stub_xpu_kernel_package()
-loading.stub_vllm_extensions(Path(sys.argv[1]))
-loading.import_registering_module(Path(sys.argv[1]))
+from xpufakes.proof import verify
+from xpufakes.proof.xpu import extensions, reference, registering, xpu_kernels
+libraries = reference.define_standins(sys.argv[2])
+xpu_kernels.stub_xpu_kernel_package()
+extensions.stub_vllm_extensions(Path(sys.argv[1]))
+registering.import_registering_module(Path(sys.argv[1]))
 t3 = time.perf_counter()
 called = {op.split(".")[0] for op in json.loads(sys.argv[3])}
-for case in loading.reference().opcheck_cases(full=False):
+for case in reference.reference().opcheck_cases(full=False):
     if case.available() and f"{case.namespace}::{case.name}" in called:
         try:
             torch.library.opcheck(

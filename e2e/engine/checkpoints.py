@@ -18,7 +18,6 @@ The int4 packing helpers are the reference kernels' (the same module the
 plugin's stand-ins are), loaded from the checkout.
 """
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -44,14 +43,14 @@ LINEARS = {
 
 
 def _reference(repo: Path):
-    name = "xpu_gemm_reference"
-    if name not in sys.modules:
-        path = repo / "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The reference kernels, loaded once by the checkout's tool's helper
+    (under the name the tool loads them by)."""
+    if str(repo / "scripts") not in sys.path:
+        sys.path.insert(0, str(repo / "scripts"))
+    from xpufakes.common import bypath
+
+    path = repo / "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
+    return bypath.load("xpu_gemm_reference", path)
 
 
 def config(quantization: dict | None) -> dict:

@@ -17,7 +17,7 @@ when imported), PLUGIN_DIR the plugin's wheel unpacked. ORDER:
 OUT.json: the module of the fake of _xpu_C::fp8_gemm_w8a16 (or the error
 vLLM's import raised), and torch's version. The XPU kernels are the
 checkout's stand-ins of the kernel release vLLM pins
-(scripts/xpufakes/proof/loading.py).
+(scripts/xpufakes/proof/xpu).
 """
 
 import json
@@ -30,9 +30,9 @@ OP = "_xpu_C::fp8_gemm_w8a16"
 
 
 def _owner() -> str | None:
-    from xpufakes.proof import loading
+    from xpufakes.proof.xpu import registering
 
-    fake = loading.fake_of(OP)
+    fake = registering.fake_of(OP)
     while fake is not None and fake.__module__.startswith("torch."):
         cells = getattr(fake, "__closure__", None) or ()
         fake = getattr(fake, "func", None) or next(
@@ -45,13 +45,13 @@ def main(order: str, release: str, plugin: str, out: str) -> int:
     sys.path.insert(0, str(REPO / "scripts"))
     import torch
 
-    from xpufakes.proof import loading
+    from xpufakes.proof.xpu import reference, xpu_kernels
     from xpufakes.trees import fetch, pins
 
     pin = pins.load().get(release)
     tree = fetch.fetch(pin)
-    libraries = loading.define_standins(pin.kernels)  # noqa: F841
-    loading.stub_xpu_kernel_package()
+    libraries = reference.define_standins(pin.kernels)  # noqa: F841
+    xpu_kernels.stub_xpu_kernel_package()
     sys.path[:0] = [plugin, str(tree)]
     os.environ["VLLM_XPU_FAKES_ANY_PLATFORM"] = "1"
     result = {"order": order, "torch": torch.__version__}

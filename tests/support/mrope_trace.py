@@ -2,7 +2,7 @@
 the language model (torch.compile with fullgraph=True; Dynamo, then AOT
 autograd's functionalization, then nothing: the backend stops there), on the
 XPU platform's code path, with the stand-ins for what only an XPU host has
-(standins.py: IPEX's APIs and torch_ipex ops XPU-only, a build's native
+(proof/xpu: IPEX's APIs and torch_ipex ops XPU-only, a build's native
 modules as pybind11-style builtins).
 
     python mrope_trace.py TREE OUT.json
@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import torch  # noqa: E402
 
-from xpufakes.proof import loading, standins  # noqa: E402
+from xpufakes.proof.xpu import extensions, ipex  # noqa: E402
 
-LIBRARIES = [standins.define_torch_ipex_ops()]  # XPU key only
-standins.install_ipex()
-loading.stub_vllm_extensions(TREE)
+LIBRARIES = [ipex.define_torch_ipex_ops()]  # XPU key only
+ipex.install_ipex()
+extensions.stub_vllm_extensions(TREE)
 
 import vllm.platforms  # noqa: E402
 from vllm.platforms.xpu import XPUPlatform  # noqa: E402

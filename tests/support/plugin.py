@@ -9,9 +9,9 @@ import types
 import zipfile
 from pathlib import Path
 
-from xpufakes.common import paths
+from xpufakes.common import paths, pluginsource
 
-PACKAGE = "vllm_xpu_fakes"
+PACKAGE = pluginsource.package()
 
 
 def build(directory: Path) -> Path:

@@ -29,39 +29,36 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-REFERENCE = (
-    HERE.parents[1]
-    / "vllm_overlay"
-    / "tests"
-    / "kernels"
-    / "quantization"
-    / "xpu_gemm_reference.py"
-)
-STANDINS = HERE.parents[1] / "scripts" / "xpufakes" / "proof" / "standins.py"
+SCRIPTS = HERE.parents[1] / "scripts"  # the tool, whose stand-ins these are
 K, N, GROUP = 256, 128, 64
 
 
+def _tool() -> None:
+    """The checkout's tool importable (make e2e's plugin loads this file
+    from the checkout by path, in a venv of its own)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+
+
 def load_reference():
-    spec = importlib.util.spec_from_file_location("xpu_gemm_reference", REFERENCE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["xpu_gemm_reference"] = module
-    spec.loader.exec_module(module)
-    return module
+    """The reference kernels (vllm_overlay/tests/.../xpu_gemm_reference.py),
+    as the tool loads them."""
+    _tool()
+    from xpufakes.proof.xpu import reference
+
+    return reference.reference()
 
 
 ENGINE = {"engine": "onednn"}  # the layout of the case being run
 
 
 def load_standins():
-    """The tool's stand-ins (scripts/xpufakes/proof/standins.py, torch only), by
-    path: make e2e's plugin loads this file from the checkout too."""
-    name = "xpufakes_standins"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, STANDINS)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The tool's IPEX stand-in (scripts/xpufakes/proof/xpu/ipex.py, torch
+    only)."""
+    _tool()
+    from xpufakes.proof.xpu import ipex
+
+    return ipex
 
 
 def stub_ipex(reference, engine: str = "onednn") -> None:

@@ -69,16 +69,18 @@ def repo() -> Path:
 
 
 def _load(name: str, path: Path):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The module at `path`, loaded once, by the checkout's tool's helper
+    (the checkout's scripts/ put on sys.path for it)."""
+    scripts = str(repo() / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from xpufakes.common import bypath
+
+    return bypath.load(name, path)
 
 
 def reference():
-    # The name loading.reference() and woq_probe.load_reference() use.
+    # under the name the tool loads them by (xpufakes.proof.xpu.reference)
     return _load("xpu_gemm_reference", repo() / REFERENCE)
 
 

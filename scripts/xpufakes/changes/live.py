@@ -20,11 +20,13 @@ restores the exact pre-apply bytes from it, refusing a file changed since.
 import base64
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from xpufakes.changes import kernels, recipes, selection, series
 from xpufakes.changes.engine import sha256
+from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 from xpufakes.common.transaction import Change
 from xpufakes.trees import pins, record, tree
@@ -142,6 +144,49 @@ def _targets(edit: recipes.Edit, sources: dict[str, str]) -> list[tuple[str, boo
         for p, text in sources.items()
         if p not in recipes.OUR_MODULES and all(s in text for s in edit.anywhere)
     ]
+
+
+def edited_by_us(sources: dict[str, str]) -> set[str]:
+    """Every file of a tree (its Python, by path: `sources`) that our series
+    or recipes edit or add: the files each recipe of each era names (its
+    own and the optional ones), the files of the series' patches, the
+    modules and tests we add, every file that carries our changes (the
+    recipe path's edits on a patched tree), and on this tree the files a
+    recipe's `anywhere` rule would edit (a module that makes an IPEX WOQ
+    module; one with a call the opaque-calls recipe rewrites). The model
+    proof never excuses an error that passed through one of them
+    (proof/model/limits.py)."""
+    ours = set(recipes.OUR_MODULES)
+    for era in recipes.RECIPES.values():
+        for recipe in era:
+            ours.update(recipe.overlay)
+            for edit in (*recipe.edits, *recipe.mixed_edits):
+                ours.update(path for path, _ in edit.files)
+                if edit.anywhere:
+                    ours.update(path for path, _ in _targets(edit, sources))
+                elif edit.anywhere_if is not None:
+                    ours.update(
+                        path
+                        for path, _ in _targets(edit, sources)
+                        if _rewrites_opaque_calls(sources[path])
+                    )
+    for patch in paths.PATCHES.glob("*/*.patch"):
+        ours.update(_PATCHED_FILE.findall(patch.read_text(errors="replace")))
+    ours.update(path for path, text in sources.items() if recipes.carries_ours(text))
+    return ours
+
+
+# a file a patch of the series changes or adds
+_PATCHED_FILE = re.compile(r"^\+\+\+ b/(\S+)", re.M)
+
+
+def _rewrites_opaque_calls(text: str) -> bool:
+    """Whether the opaque-calls recipe changes a module: it has a call it
+    rewrites (or refuses to)."""
+    try:
+        return bool(recipes.opaque_call_sites(text))
+    except SyntaxError:
+        return False
 
 
 def run_recipes(

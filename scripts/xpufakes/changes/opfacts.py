@@ -23,13 +23,13 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from xpufakes.common import ops, paths
+from xpufakes.common import ops, paths, pluginsource
 from xpufakes.common.errors import Refusal
 from xpufakes.trees import pinfacts, pins
 
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
-PLUGIN = "plugin/vllm_xpu_fakes/plugin.py"
+PLUGIN = pluginsource.module_source()
 INPLACE_TEST = "vllm_overlay/in-place/tests/kernels/quantization/test_xpu_gemm_fakes.py"
 DOCUMENTS = ("docs/contributors.md",)
 MARKED = pinfacts.marked("ops")

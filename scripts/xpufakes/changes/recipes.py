@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from xpufakes.common import ops, paths
 from xpufakes.common.ops import XPU_C_GEMMS
-from xpufakes.trees import natives, pins, pysource
+from xpufakes.trees import names, pins, pysource
 
 FAKES_MODULE = "vllm/_xpu_gemm_fakes.py"
 TREE_TEST = "tests/kernels/quantization/test_xpu_gemm_fakes.py"
@@ -531,7 +531,7 @@ def opaque_call_sites(text: str) -> list[tuple[ast.Call, str, ast.AST]]:
         for call in ast.walk(function):
             if not isinstance(call, ast.Call) or id(call) in found:
                 continue
-            name = natives.dotted(call.func)
+            name = names.dotted(call.func)
             for qualified in module.qualify_all(name, qual) if name else []:
                 if qualified in OPAQUE_CALLS:
                     found[id(call)] = (call, qualified, parents[id(call)])
@@ -597,7 +597,7 @@ def edit_opaque_calls(text: str) -> str:
         end = len(line.encode()[: func.end_col_offset].decode())
         op = OPAQUE_CALLS[callee]["op"]
         lines[row] = f"{line[:start]}torch.ops.vllm.{op}{line[end:]}"
-    heads = {natives.dotted(call.func).split(".")[0] for call, _, _ in sites}
+    heads = {names.dotted(call.func).split(".")[0] for call, _, _ in sites}
     _keep_unused_imports(lines, heads)
     _insert_first_party_import(lines, body, OPAQUE_IMPORT)
     return "".join(lines)

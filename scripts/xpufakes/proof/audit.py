@@ -29,9 +29,11 @@ from xpufakes.changes import base, kernels
 from xpufakes.common import isolated, opschema, paths
 from xpufakes.common.errors import Refusal
 from xpufakes.common.ops import IPEX_WOQ, NAMESPACES, WRAPPER_OPS
-from xpufakes.proof import modelproof, reach, scan, schematruth
 from xpufakes.proof import plugin as installed_plugin
-from xpufakes.proof.scan import IF_ENABLED, TRACED, CallSite
+from xpufakes.proof.model import report as model_report
+from xpufakes.proof.model import runner as model_runner
+from xpufakes.proof.static import reach, scan, schematruth
+from xpufakes.proof.static.scan import IF_ENABLED, TRACED, CallSite
 from xpufakes.trees import pins, tree
 
 UNKNOWN_NAMESPACE = "unknown namespace"
@@ -189,7 +191,7 @@ class Result:
 
     @property
     def failing(self) -> bool:
-        model_fails = any(modelproof.failing(m) for m in self.models or [])
+        model_fails = any(model_report.failing(m) for m in self.models or [])
         lies = bool(self.truth and self.truth.failing)
         return (
             any(r.failing for r in self.reports)
@@ -236,14 +238,14 @@ def run(
 ) -> "Result | str":
     """`make audit`: the audit of a tree (with `model`, that model traced
     whole too, or several: "a,b" or "all", after one audit and in one
-    process: modelproof.py; built with the `transformers` release, if
+    process: proof/model; built with the `transformers` release, if
     given), or what makes it not affected (a release in
     which nothing on XPU is traced). Refused if the fakes are to be loaded
     (`dynamic`) or a model traced and this Python has no torch."""
     unaffected = base.not_affected(found)
     if unaffected:
         return f"{unaffected}: nothing on XPU is traced, so no op needs a fake"
-    chosen = modelproof.names(model) if model else []
+    chosen = model_runner.names(model) if model else []
     if (dynamic or model) and importlib.util.find_spec("torch") is None:
         raise Refusal(
             "audit loads the tree's fakes with torch (--model traces a model "
@@ -255,7 +257,7 @@ def run(
     installed = installed_plugin.find(found.root, plugin)
     result = audit(found, dynamic, standins, prefer, installed)
     if chosen:
-        result.models = modelproof.run_all(
+        result.models = model_runner.run_all(
             found.root,
             chosen,
             result.kernels,
@@ -440,9 +442,9 @@ def table(found: tree.Tree, result: Result) -> str:
             )
         )
     for model in result.models or []:
-        lines += ["", modelproof.table(model)]
+        lines += ["", model_report.table(model)]
     if result.models:
-        lines += ["", modelproof.matrix(result.models)]
+        lines += ["", model_report.matrix(result.models)]
     return "\n".join(lines)
 
 

@@ -2,36 +2,29 @@
 a tree has it installed: whether it is, which version, whether vLLM will
 load it (VLLM_PLUGINS), and vLLM's compile cache made before it was
 installed. No torch: data and files only (the audit's dynamic part runs the
-plugin's register(): verify.py, modeltrace.py).
+plugin's register(): verify.py, model/cli.py).
 
 What vLLM does with VLLM_PLUGINS and where its compile cache is, the
 plugin's own module says (plugin/vllm_xpu_fakes/installed.py, loaded here by
 its path): the audit and the plugin's self-check (`python -m
 vllm_xpu_fakes`) read one source."""
 
-import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpufakes.common import paths
+from xpufakes.common import bypath, paths, pluginsource
 from xpufakes.common.errors import Refusal
 
-PACKAGE = "vllm_xpu_fakes"
+PACKAGE = pluginsource.package()
 
 
 def shipped_module(name: str):
     """A module of the plugin's package loaded from the checkout by its path,
     not as part of the package (installed.py, opcheck.py: standard library
     only when imported)."""
-    qualname = f"_vllm_xpu_fakes_{name}"
-    if qualname not in sys.modules:
-        path = paths.REPO / "plugin" / PACKAGE / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(qualname, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[qualname] = module
-        spec.loader.exec_module(module)
-    return sys.modules[qualname]
+    return bypath.load(
+        f"_{PACKAGE}_{name}", paths.REPO / "plugin" / PACKAGE / f"{name}.py"
+    )
 
 
 SHARED = shipped_module("installed")
@@ -52,11 +45,12 @@ def find(root: Path, given: str = "") -> Installed | None:
     """The plugin installed next to the tree's vllm/ (an installed vLLM's
     site-packages), or in `given` (a directory holding it: --plugin)."""
     directory = Path(given).resolve() if given else root
-    package = directory / PACKAGE
+    name = pluginsource.package()
+    package = directory / name
     if not (package / "__init__.py").is_file():
         if given:
             raise Refusal(
-                f"no {PACKAGE}/ in {directory} (--plugin names the "
+                f"no {name}/ in {directory} (--plugin names the "
                 "directory the plugin is installed in)"
             )
         return None
@@ -68,7 +62,7 @@ def find(root: Path, given: str = "") -> Installed | None:
 
 def loaded_by_vllm(environ: dict[str, str] | None = None) -> str:
     """'' if vLLM loads the plugin, else why not (VLLM_PLUGINS)."""
-    return SHARED.loaded_by_vllm(environ)
+    return SHARED.loaded_by_vllm(environ, pluginsource.entry_point()[0])
 
 
 def stale_cache(installed: Installed, environ: dict[str, str] | None = None) -> str:

@@ -40,7 +40,8 @@ from xpufakes.common import isolated, paths, transaction
 from xpufakes.common.errors import Refusal
 from xpufakes.common.ops import is_ours
 from xpufakes.common.transaction import Change
-from xpufakes.proof import audit, reach, scan
+from xpufakes.proof import audit
+from xpufakes.proof.static import reach, scan
 from xpufakes.trees import tree
 
 GOOD_VERDICTS = ("ok", "not traced", "ok (no tensor returned)")

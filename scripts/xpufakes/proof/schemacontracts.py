@@ -19,7 +19,7 @@ from pathlib import Path
 
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import schematruth
+from xpufakes.proof.static import schematruth
 from xpufakes.trees import tree
 
 DATA = paths.DATA / "schema_contracts.toml"

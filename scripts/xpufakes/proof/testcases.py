@@ -14,25 +14,25 @@ Needs torch; run in a process of its own (registrations are global).
 """
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from xpufakes.common import bypath
 
 TEST_FUNCTION = "test_fake_matches_kernel"
 
 
 def run(tree: Path, test: Path, standins: str) -> dict[str, str | None]:
     """case id -> None if it passed, else why it failed (verify.reason)."""
-    from xpufakes.proof import loading, verify
+    from xpufakes.proof import verify
+    from xpufakes.proof.xpu import extensions, reference, registering, xpu_kernels
 
-    libraries = loading.define_standins(standins)  # noqa: F841 - keep them
-    loading.stub_xpu_kernel_package()
-    loading.stub_vllm_extensions(tree)
-    loading.import_registering_module(tree)  # the tree first on sys.path
-    spec = importlib.util.spec_from_file_location("staged_xpu_gemm_test", test)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    libraries = reference.define_standins(standins)  # noqa: F841 - keep them
+    xpu_kernels.stub_xpu_kernel_package()
+    extensions.stub_vllm_extensions(tree)
+    registering.import_registering_module(tree)  # the tree first on sys.path
+    module = bypath.load("staged_xpu_gemm_test", test)
     module.DEVICE = "cpu"
     results: dict[str, str | None] = {}
     for case in module.CASES:

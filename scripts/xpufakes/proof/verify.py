@@ -71,14 +71,14 @@ def _run(
 ) -> list[OpResult]:
     import torch
 
-    from xpufakes.proof import loading
+    from xpufakes.proof.xpu import extensions, ipex, reference, registering, xpu_kernels
 
     libraries = []
     if standins:
         device = "cpu"
-        libraries = loading.define_standins(standins)
-        loading.stub_xpu_kernel_package()
-        loading.stub_vllm_extensions(vllm)
+        libraries = reference.define_standins(standins)
+        xpu_kernels.stub_xpu_kernel_package()
+        extensions.stub_vllm_extensions(vllm)
     else:
         device = "xpu"
         if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
@@ -91,11 +91,11 @@ def _run(
         # what the plugin finds of IPEX on an XPU host: its Python APIs
         # (calling torch_ipex ops registered for the XPU key only) and its
         # WOQ linear class, before vLLM imports it
-        libraries.append(loading.standins.define_torch_ipex_ops())
-        loading.standins.install_ipex()
-    loading.import_registering_module(vllm)
+        libraries.append(ipex.define_torch_ipex_ops())
+        ipex.install_ipex()
+    registering.import_registering_module(vllm)
     if plugin is not None:
-        state = loading.load_plugin(plugin, any_platform=bool(standins))
+        state = registering.load_plugin(plugin, any_platform=bool(standins))
         if plugin_state is not None:
             plugin_state.update(state)
     wanted = None if select is None else {op.split(".")[0] for op in select()}
@@ -114,17 +114,17 @@ def grid(
     checks that the two agree)."""
     import torch
 
-    from xpufakes.proof import loading
+    from xpufakes.proof.xpu import reference, registering
 
     results: dict[str, OpResult] = {}
-    for case in loading.reference().opcheck_cases(full=full):
+    for case in reference.reference().opcheck_cases(full=full):
         qualname = f"{case.namespace}::{case.name}"
         if not case.available() or (wanted is not None and qualname not in wanted):
             continue
         overload = "default" if case.overload == "batched" else case.overload
         key = qualname if overload == "default" else f"{qualname}.{overload}"
         if key not in results:
-            fake = loading.fake_of(key)
+            fake = registering.fake_of(key)
             results[key] = OpResult(key, "registered" if fake else "none")
         result = results[key]
         try:
@@ -146,16 +146,16 @@ def _check_wrapper(
 ) -> None:
     import torch
 
-    from xpufakes.proof import loading
+    from xpufakes.proof.xpu import reference, registering
 
     namespace, name = wrapper.split("::")
     packet = getattr(getattr(torch.ops, namespace), name, None)
     if packet is None:
         return
     result = results[wrapper] = OpResult(
-        wrapper, "registered" if loading.fake_of(wrapper) else "none"
+        wrapper, "registered" if registering.fake_of(wrapper) else "none"
     )
-    for case in loading.reference().opcheck_cases(full=full):
+    for case in reference.reference().opcheck_cases(full=full):
         if f"{case.namespace}::{case.name}" != gemm or case.overload != "default":
             continue
         if not case.available() or case.params.get("out_dtype", 0) is None:

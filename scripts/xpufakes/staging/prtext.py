@@ -21,7 +21,8 @@ from pathlib import Path
 from xpufakes.changes import kernels, recipes, series
 from xpufakes.common import children, isolated
 from xpufakes.common.errors import Refusal
-from xpufakes.proof import modelproof
+from xpufakes.proof.model import report as model_report
+from xpufakes.proof.model import runner as model_runner
 from xpufakes.staging import intree, treechecks
 
 # The sections of vLLM's template since it has Overview / Claims /
@@ -87,7 +88,7 @@ class Evidence:
 
 # A change that runs the calls Dynamo cannot trace as custom ops (0003's
 # module) is validated on a whole model too: Qwen3-MoE fp8 (exists in every
-# IPEX-era release; modelproof.py), vLLM's default compile configuration and
+# IPEX-era release; proof/model), vLLM's default compile configuration and
 # sequence parallelism (which turns +rms_norm on).
 OPAQUE_CALLS = recipes.OPAQUE_MODULE
 MODEL_PROOF = ("qwen3_moe", "default,sp")
@@ -247,12 +248,12 @@ def validate(
 
 def _model(tree: Path, standins: str, python: str) -> Run:
     name, configurations = MODEL_PROOF
-    found = modelproof.run(tree, name, standins, configurations, python)
+    found = model_runner.run(tree, name, standins, configurations, python)
     command = (
-        f"python -m xpufakes.proof.modeltrace <tree> {name} <out> --standins "
+        f"python -m xpufakes.proof.model.cli <tree> {name} <out> --standins "
         f"{shlex.quote(standins)} --configurations {configurations}"
     )
-    return Run(command, modelproof.summary(found))
+    return Run(command, model_report.summary(found))
 
 
 def _all_of(result: str) -> str:

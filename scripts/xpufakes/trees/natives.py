@@ -4,7 +4,7 @@ only, no torch.
 
 A build's extension is a C module. pybind11 modules (a downstream's
 `vllm._C`, with `m.def_submodule("ops")`) hold submodules and builtin
-functions; the stand-ins (standins.py, loading.py) answer each name below a
+functions; the stand-ins (proof/xpu/extensions.py) answer each name below a
 native module as what the tree uses it as: a module where it imports it as
 one or takes an attribute of it (`import vllm._C.ops`, `from vllm._C import
 ops` then `ops.rms_norm`), a builtin function everywhere else (what Dynamo
@@ -13,6 +13,8 @@ cannot trace).
 
 import ast
 import re
+
+from xpufakes.trees import names
 
 # What a vLLM build adds to the tree and a source tree (or the proof's copy
 # of a tree) does not have: its compiled extensions -- every
@@ -73,63 +75,15 @@ def native_root(dotted: str) -> str | None:
 _MENTION = re.compile(r"\b_\w*C\b|_C_|cumem_allocator|fs_io_C|spinloop|triton_kernels")
 
 
-def package_of(module: str, level: int, is_package: bool = False) -> str:
-    """The package a relative import of `level` dots starts from, in a module
-    (`is_package`: the module is a package's __init__.py, whose name is the
-    package's own)."""
-    parts = module.split(".")
-    up = level - 1 if is_package else level
-    return ".".join(parts[: len(parts) - up]) if up else module
-
-
 def imports_of(module: str, tree: ast.AST, is_package: bool = False) -> dict[str, str]:
     """local name -> dotted target, for every import anywhere in a module
     (function-level ones too; the first binding of a name wins)."""
     found: dict[str, str] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    found.setdefault(alias.asname, alias.name)
-                else:
-                    top = alias.name.split(".")[0]
-                    found.setdefault(top, top)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = package_of(module, node.level, is_package)
-                base = f"{package}.{base}" if base else package
-            for alias in node.names:
-                found.setdefault(alias.asname or alias.name, f"{base}.{alias.name}")
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            for name, target in names.bindings(node, module, is_package):
+                found.setdefault(name, target)
     return found
-
-
-def dotted(node: ast.expr) -> str:
-    """'a.b.c' for a Name/Attribute chain, else ''."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return ""
-    parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
-def qualify(name: str, imports: dict[str, str]) -> str:
-    """A dotted expression with its first part replaced by what it imports."""
-    head, _, rest = name.partition(".")
-    target = imports.get(head)
-    if target is None:
-        return ""
-    return f"{target}.{rest}" if rest else target
-
-
-def _module_name(path: str) -> str:
-    parts = path.removesuffix(".py").split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 def used_as_modules(texts: dict[str, str]) -> set[str]:
@@ -146,23 +100,23 @@ def used_as_modules(texts: dict[str, str]) -> set[str]:
             tree = ast.parse(text)
         except SyntaxError:
             continue
-        module = _module_name(path)
+        module = names.module_name(path)
         is_package = path.endswith("__init__.py")
         imports = imports_of(module, tree, is_package)
         for node in ast.walk(tree):
-            names = []
+            named = []
             if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
+                named = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 base = node.module
                 if node.level:
-                    base = f"{package_of(module, node.level, is_package)}.{base}"
-                names = [base]
+                    base = f"{names.package_of(module, node.level, is_package)}.{base}"
+                named = [base]
             elif isinstance(node, ast.Attribute):
-                name = dotted(node.value)
+                name = names.dotted(node.value)
                 if name:
-                    names = [qualify(name, imports)]
-            for name in names:
+                    named = [names.qualify(name, imports)]
+            for name in named:
                 parts = name.split(".")
                 for i in range(1, len(parts) + 1):
                     prefix = ".".join(parts[:i])

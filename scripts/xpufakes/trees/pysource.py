@@ -11,7 +11,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-from xpufakes.trees import natives
+from xpufakes.trees import names
 
 
 @dataclass(frozen=True)
@@ -96,32 +96,14 @@ def parse(texts: dict[str, str], path: str, parsed: dict | None = None):
     return tree
 
 
-def module_name(path: str) -> str:
-    parts = path.removesuffix(".py").split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def local_imports(
     module: str, function: ast.AST, is_package: bool = False
 ) -> dict[str, str]:
     """Imports inside a function's body (or of one import statement)."""
     found: dict[str, str] = {}
     for node in statements(function):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    found[alias.asname] = alias.name
-                else:
-                    found[alias.name.split(".")[0]] = alias.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = natives.package_of(module, node.level, is_package)
-                base = f"{package}.{base}" if base else package
-            for alias in node.names:
-                found[alias.asname or alias.name] = f"{base}.{alias.name}"
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.update(names.bindings(node, module, is_package))
     return found
 
 
@@ -160,7 +142,7 @@ class Module:
         self._walk(tree.body, [])
         for node in walk(tree) if text_has_registration else ():
             if isinstance(node, ast.Call):
-                func = natives.dotted(node.func)
+                func = names.dotted(node.func)
                 if func.endswith("register_custom_op"):
                     for kw in node.keywords:
                         if kw.arg == "op_func" and isinstance(kw.value, ast.Name):
@@ -206,11 +188,11 @@ class Module:
             if isinstance(node, ast.ClassDef):
                 qual = ".".join([*stack, node.name])
                 self.classes[qual] = node
-                self.bases[qual] = [natives.dotted(b) for b in node.bases]
+                self.bases[qual] = [names.dotted(b) for b in node.bases]
                 for decorator in node.decorator_list:
                     if (
                         isinstance(decorator, ast.Call)
-                        and natives.dotted(decorator.func).endswith(".register")
+                        and names.dotted(decorator.func).endswith(".register")
                         and decorator.args
                         and isinstance(decorator.args[0], ast.Constant)
                         and isinstance(decorator.args[0].value, str)
@@ -221,7 +203,7 @@ class Module:
                 qual = ".".join([*stack, node.name])
                 self.functions[qual] = node
                 decorators = [
-                    natives.dotted(d.func if isinstance(d, ast.Call) else d)
+                    names.dotted(d.func if isinstance(d, ast.Call) else d)
                     for d in node.decorator_list
                 ]
                 if any("custom_op" in d for d in decorators):
@@ -263,7 +245,7 @@ class Module:
         """A dotted expression qualified through each binding of its head:
         the function's own import, else every module-level one (or a name
         of this module)."""
-        head, _, rest = dotted.partition(".")
+        head = dotted.partition(".")[0]
         local = self.local_imports(scope) if scope else {}
         if head in local:
             targets = [local[head]]
@@ -273,7 +255,7 @@ class Module:
             targets = [f"{self.name}.{head}"]
         else:
             return []
-        return [f"{t}.{rest}" if rest else t for t in targets]
+        return [names.qualify(dotted, {head: target}) for target in targets]
 
     def local_imports(self, qualname: str) -> dict[str, str]:
         """The imports inside a function (and the functions it is in)."""
@@ -319,7 +301,7 @@ class SourceTree:
         self.parsed = parsed  # shared with the scan (parse)
         self.paths = {}
         for path in texts:
-            self.paths.setdefault(module_name(path), path)
+            self.paths.setdefault(names.module_name(path), path)
         self._parsed: dict[str, Module | None] = {}
         self._mro: dict = {}
         self._instances: dict = {}
@@ -380,7 +362,7 @@ class SourceTree:
             yield from self._lookups(".".join([target, *rest[1:]]), depth + 1)
         if len(rest) == 1:
             for value in module.alias_values.get(head, ()):
-                name = natives.dotted(value)
+                name = names.dotted(value)
                 if name:
                     for qualified in module.qualify_all(name):
                         yield from self._lookups(qualified, depth + 1)
@@ -454,7 +436,7 @@ class SourceTree:
         head = dotted.split(".")[0]
         local = module.local_imports(scope)
         if head in local:
-            return self.lookup_all(natives.qualify(dotted, local))
+            return self.lookup_all(names.qualify(dotted, local))
         return self.lookup_all(f"{module.name}.{dotted}")
 
     # -- instances -------------------------------------------------------------
@@ -476,7 +458,7 @@ class SourceTree:
         for node in walk(expr):
             if not isinstance(node, ast.Call):
                 continue
-            name = natives.dotted(node.func)
+            name = names.dotted(node.func)
             if not name or name.split(".")[0] == "self":
                 continue
             name = default_of(module.functions.get(scope), name) or name
@@ -513,7 +495,7 @@ class SourceTree:
         """The functions self.<attr> may hold (`self.op = ipex_ops.silu_and_mul`)."""
         found = set()
         for parsed, scope, value in self.attr_values(module, cls, attr):
-            name = natives.dotted(value)
+            name = names.dotted(value)
             if name and name.split(".")[0] != "self":
                 target = self.resolve_name(parsed, scope, name)
                 if target and target[0] == "function":
@@ -535,7 +517,7 @@ def default_of(function: ast.AST | None, name: str) -> str:
     ]
     for arg, default in pairs:
         if arg.arg == name:
-            return natives.dotted(default)
+            return names.dotted(default)
     return ""
 
 

@@ -61,11 +61,10 @@ from dataclasses import dataclass, field
 
 from xpufakes.common import paths
 from xpufakes.common.ops import IPEX_GEMM, is_ours
-from xpufakes.trees import natives
+from xpufakes.trees import names, natives
 from xpufakes.trees.pysource import Func as _Func
 from xpufakes.trees.pysource import Module as _Module
 from xpufakes.trees.pysource import SourceTree as _Tree
-from xpufakes.trees.pysource import module_name as _module_name
 from xpufakes.trees.pysource import walk as _walk
 
 DATA = tomllib.loads((paths.DATA / "untraceable.toml").read_text())
@@ -293,7 +292,7 @@ class _Search:
         self.texts = texts
         # the modules a caller may be in
         self._in_scope = {
-            p: t for p, t in texts.items() if not _outside_forward(_module_name(p))
+            p: t for p, t in texts.items() if not _outside_forward(names.module_name(p))
         }
         self.declared = declared
         self.opaque_regions = opaque_regions(texts)
@@ -385,7 +384,7 @@ class _Search:
             else:
                 pattern = re.compile(rf"\b{re.escape(word)}\b")
             self._words[key] = [
-                _module_name(p)
+                names.module_name(p)
                 for p, text in self._in_scope.items()
                 if word in text and pattern.search(text)
             ]
@@ -496,7 +495,7 @@ class _Search:
                         return True
                 elif (
                     isinstance(base, ast.Call)
-                    and natives.dotted(base.func) == "super"
+                    and names.dotted(base.func) == "super"
                     and owner
                 ):
                     for m, c in self.tree.mro(module.name, owner)[1:]:
@@ -506,7 +505,7 @@ class _Search:
                     return False
                 elif self._attr_call(module, scope, owner, base, func):
                     return True
-            name = natives.dotted(expr)
+            name = names.dotted(expr)
             if name and name.split(".")[0] not in ("self", "cls"):
                 for target in self.tree.resolve_all(module, scope, name):
                     if target[0] == "function" and _Func(target[1], target[2]) == func:
@@ -655,7 +654,7 @@ def _sink_calls(module: _Module, tree: _Tree, declared: set[str]):
     for qual, node in module.functions.items():
         owner = qual.rpartition(".")[0]
         for call in _calls(node):
-            name = natives.dotted(call.func)
+            name = names.dotted(call.func)
             if not name:
                 continue
             head = name.split(".")
@@ -678,14 +677,14 @@ def _ctypes_handles(module: _Module) -> set[str]:
     """Module-level names and `Class.attr`s bound to a ctypes library."""
     found = set()
     for name, value in module.aliases.items():
-        if isinstance(value, ast.Call) and natives.qualify(
-            natives.dotted(value.func), module.imports
+        if isinstance(value, ast.Call) and names.qualify(
+            names.dotted(value.func), module.imports
         ).startswith("ctypes."):
             found.add(name)
     for key, values in module.attrs.items():
         for value, scope in values:
-            if isinstance(value, ast.Call) and natives.qualify(
-                natives.dotted(value.func), module.imports_in(scope)
+            if isinstance(value, ast.Call) and names.qualify(
+                names.dotted(value.func), module.imports_in(scope)
             ).startswith("ctypes."):
                 found.add(key)
     return found
@@ -712,7 +711,7 @@ def find(
     findings = []
     explained: dict[_Func, Finding] = {}
     for path, text in sorted(texts.items()):
-        name = _module_name(path)
+        name = names.module_name(path)
         if _outside_forward(name) or not _may_hold_sinks(text):
             continue
         module = search.tree.module(name)

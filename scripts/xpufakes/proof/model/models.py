@@ -1,5 +1,5 @@
 """The models and the configurations of the whole-model proof
-(modeltrace.py, `make audit MODEL=...`): data (data/models.toml), no torch."""
+(`make audit MODEL=...`): data (data/models.toml), no torch."""
 
 import tomllib
 from dataclasses import dataclass, field

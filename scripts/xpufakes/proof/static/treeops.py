@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field
 
 from xpufakes.common import opschema
-from xpufakes.trees import natives
-from xpufakes.trees.pysource import Module, SourceTree, module_name, parse, statements
+from xpufakes.trees import names as pynames
+from xpufakes.trees.pysource import Module, SourceTree, parse, statements
 
 # Namespaces of torch's own ops: not kernels' (their schemas are torch's).
 _TORCH_NAMESPACES = frozenset(
@@ -132,17 +132,17 @@ class Resolver:
             )
         if (
             isinstance(expr, ast.Call)
-            and natives.dotted(expr.func) == "getattr"
+            and pynames.dotted(expr.func) == "getattr"
             and len(expr.args) >= 2
             and isinstance(expr.args[1], ast.Constant)
             and isinstance(expr.args[1].value, str)
         ):
-            base = natives.dotted(expr.args[0])
+            base = pynames.dotted(expr.args[0])
             if base:
                 name = ast.parse(f"{base}.{expr.args[1].value}", mode="eval").body
                 return self.resolve(module, scope, name, depth + 1)
             return set()
-        dotted = natives.dotted(expr)
+        dotted = pynames.dotted(expr)
         if not dotted:
             return set()
         head, _, rest = dotted.partition(".")
@@ -301,7 +301,7 @@ def _kind(value: ast.expr | None, params: set[str]) -> str:
         if all(k == "fresh" for k in kinds):
             return "fresh"
         return "tuple(" + ", ".join(kinds) + ")"
-    if isinstance(value, ast.Call) and _FRESH.search(natives.dotted(value.func)):
+    if isinstance(value, ast.Call) and _FRESH.search(pynames.dotted(value.func)):
         return "fresh"
     return "other"
 
@@ -313,7 +313,7 @@ def registrations(
     regs: list[Registration] = []
     fakes: list[Fake] = []
     for path in paths:
-        module = tree.module(module_name(path))
+        module = tree.module(pynames.module_name(path))
         if module is None:
             continue
         syntax = parse(tree.texts, path, tree.parsed)
@@ -324,7 +324,7 @@ def registrations(
         fakes_here = "register_fake" in text or "impl_abstract" in text
         forwarders = _fake_forwarders(module) if fakes_here else {}
         for node, scope, _ in _calls_in(syntax, top=True):
-            last = natives.dotted(node.func).rsplit(".", 1)[-1]
+            last = pynames.dotted(node.func).rsplit(".", 1)[-1]
             if last.endswith("register_custom_op"):
                 _registration(module, node, path, scope, regs)
             elif last in ("register_fake", "impl_abstract") or last in forwarders:
@@ -345,7 +345,7 @@ def _fake_forwarders(module: Module) -> dict[str, tuple[int, int]]:
         for node in ast.walk(function):
             if (
                 isinstance(node, ast.Call)
-                and natives.dotted(node.func).endswith(
+                and pynames.dotted(node.func).endswith(
                     ("register_fake", "impl_abstract")
                 )
                 and len(node.args) >= 2
@@ -363,7 +363,7 @@ def _fake_forwarders(module: Module) -> dict[str, tuple[int, int]]:
 def _registration(
     module: Module, node: ast.Call, path: str, scope: str, regs: list
 ) -> None:
-    func = natives.dotted(node.func)
+    func = pynames.dotted(node.func)
     if func.endswith("direct_register_custom_op"):
         keywords = {k.arg: k.value for k in node.keywords}
         name = keywords.get("op_name", node.args[0] if node.args else None)
@@ -398,7 +398,7 @@ def _unwrapped(expr: ast.expr | None) -> str:
     """The function a registration names: `f`, or `wrap(f)`."""
     while isinstance(expr, ast.Call) and expr.args:
         expr = expr.args[0]
-    return natives.dotted(expr) if expr is not None else ""
+    return pynames.dotted(expr) if expr is not None else ""
 
 
 def _function(module: Module, scope: str, name: str) -> str:
@@ -421,7 +421,7 @@ def _mutates(expr: ast.expr | None) -> tuple[list[str] | None, bool]:
 
 
 def _fake_call(module, node, path, scope, module_strings, forwarders, fakes) -> None:
-    func = natives.dotted(node.func)
+    func = pynames.dotted(node.func)
     last = func.rsplit(".", 1)[-1]
     if last in ("register_fake", "impl_abstract") and len(node.args) >= 2:
         name_at, fake_at = 0, 1
@@ -450,7 +450,7 @@ def _decorated(module, node, path, module_strings, regs, fakes) -> None:
     for decorator in node.decorator_list:
         if not isinstance(decorator, ast.Call) or not decorator.args:
             continue
-        func = natives.dotted(decorator.func)
+        func = pynames.dotted(decorator.func)
         name = _strings(decorator.args[0], module_strings, {})
         if not name:
             # the overlay's @_fake_of(TABLE, "ns::op(...) -> ...")
@@ -508,13 +508,13 @@ def candidates(tree: SourceTree, known: Known) -> list[str]:
     reaching = (*known.packages, *(f"torch.ops.{ns}" for ns in by_namespace))
     exporters = set()
     for path in first:
-        module = tree.module(module_name(path))
+        module = tree.module(pynames.module_name(path))
         if module is None:
             continue
         bound = list(module.imports.values())
         for values in module.alias_values.values():
             for value in values:
-                dotted = natives.dotted(value.args[0] if _is_getattr(value) else value)
+                dotted = pynames.dotted(value.args[0] if _is_getattr(value) else value)
                 bound += module.qualify_all(dotted) if dotted else []
         if any(b.startswith(reaching) for b in bound):
             exporters.add(module.name.rsplit(".", 1)[-1])
@@ -531,7 +531,7 @@ def candidates(tree: SourceTree, known: Known) -> list[str]:
 def _is_getattr(value: ast.expr) -> bool:
     return (
         isinstance(value, ast.Call)
-        and natives.dotted(value.func) == "getattr"
+        and pynames.dotted(value.func) == "getattr"
         and bool(value.args)
     )
 
@@ -555,7 +555,7 @@ def calls(
             n in text for n in interesting
         ):
             continue
-        module = tree.module(module_name(path))
+        module = tree.module(pynames.module_name(path))
         if module is None:
             continue
         syntax = tree.parsed.get(path) if tree.parsed is not None else None
@@ -565,7 +565,7 @@ def calls(
         for node, qual, function in _calls_in(syntax):
             if not qual or (only is not None and (module.name, qual) not in only):
                 continue
-            dotted = natives.dotted(node.func)
+            dotted = pynames.dotted(node.func)
             last = dotted.rsplit(".", 1)[-1]
             head = dotted.split(".")[0]
             if last not in interesting and not any(w in dotted for w in spelled):
@@ -660,7 +660,7 @@ def _call(op, wrapper, node, function, path, module, qual, dotted, known) -> Cal
     )
     end = getattr(node, "end_lineno", node.lineno)
     for param, expr in given.items():
-        text = natives.dotted(expr)
+        text = pynames.dotted(expr)
         if text:
             line = _read_after(function, text, end)
             if line:
@@ -689,7 +689,7 @@ def _loads(function: ast.AST) -> list[tuple[str, int]]:
     found = getattr(function, "_xpufakes_loads", None)
     if found is None:
         found = [
-            (natives.dotted(n), n.lineno)
+            (pynames.dotted(n), n.lineno)
             for n in ast.walk(function)
             if isinstance(n, ast.Name | ast.Attribute) and isinstance(n.ctx, ast.Load)
         ]

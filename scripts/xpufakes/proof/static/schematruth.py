@@ -32,7 +32,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from xpufakes.common import opschema, paths
-from xpufakes.proof import pathconditions, reach, treeops
+from xpufakes.proof.static import pathconditions, reach, treeops
 from xpufakes.trees.pysource import SourceTree, statements
 
 SCHEMAS = paths.DATA / "op_schemas.toml"

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpufakes.common.ops import IPEX_WOQ, IPEX_WOQ_WRAPPER, NAMESPACES, WRAPPER_OPS
-from xpufakes.proof import reach
-from xpufakes.trees import natives, pysource, tree
+from xpufakes.proof.static import reach
+from xpufakes.trees import names, pysource, tree
 
 # Namespaces that are not XPU kernels' and not reported: torch's own.
 _TORCH_NAMESPACES = ("aten", "prims", "higher_order", "quantized", "vllm")
@@ -126,18 +126,10 @@ class _ModuleScan(ast.NodeVisitor):
         return "xpu" in f"{self.path} {'.'.join(self.stack)}".lower()
 
     def visit_Import(self, node):
-        for alias in node.names:
-            self.imports[alias.asname or alias.name.split(".")[0]] = alias.name
+        is_package = self.path.endswith("__init__.py")
+        self.imports.update(names.bindings(node, self.module, is_package))
 
-    def visit_ImportFrom(self, node):
-        base = node.module or ""
-        if node.level:
-            package = natives.package_of(
-                self.module, node.level, self.path.endswith("__init__.py")
-            )
-            base = f"{package}.{base}" if base else package
-        for alias in node.names:
-            self.imports[alias.asname or alias.name] = f"{base}.{alias.name}"
+    visit_ImportFrom = visit_Import
 
     def visit_ClassDef(self, node):
         self.stack.append(node.name)
@@ -150,17 +142,17 @@ class _ModuleScan(ast.NodeVisitor):
     def _visit_function(self, node):
         self.stack.append(node.name)
         qualname = ".".join(self.stack)
-        names = [
-            natives.dotted(d.func if isinstance(d, ast.Call) else d)
+        decorators = [
+            names.dotted(d.func if isinstance(d, ast.Call) else d)
             for d in node.decorator_list
         ]
-        opaque = any("custom_op" in n or "register_fake" in n for n in names)
+        opaque = any("custom_op" in n or "register_fake" in n for n in decorators)
         self.functions[qualname] = _Function(self.module, qualname, opaque)
         for decorator in node.decorator_list:
             # @register_fake("ns::op"), and a decorator that enters its
             # function as the fake of the op a schema names (the overlay's
             # @_fake_of(TABLE, "ns::op(...) -> Tensor"))
-            if isinstance(decorator, ast.Call) and "fake" in natives.dotted(
+            if isinstance(decorator, ast.Call) and "fake" in names.dotted(
                 decorator.func
             ):
                 for arg in decorator.args[:2]:
@@ -177,7 +169,7 @@ class _ModuleScan(ast.NodeVisitor):
 
     def visit_Call(self, node):
         op = _op_of(node.func)
-        func = natives.dotted(node.func)
+        func = names.dotted(node.func)
         if op:
             # another namespace counts in XPU code only
             if op.split("::")[0] in NAMESPACES or op in WRAPPER_OPS or self._xpu_code():
@@ -191,9 +183,9 @@ class _ModuleScan(ast.NodeVisitor):
         if func.endswith("direct_register_custom_op") or func.endswith(
             "register_custom_op"
         ):
-            names = {k.arg: k.value for k in node.keywords}
-            op_name = names.get("op_name")
-            if "fake_impl" in names and isinstance(op_name, ast.Constant):
+            keywords = {k.arg: k.value for k in node.keywords}
+            op_name = keywords.get("op_name")
+            if "fake_impl" in keywords and isinstance(op_name, ast.Constant):
                 self.fakes_declared.add(f"vllm::{op_name.value}")
             for keyword in node.keywords:
                 if keyword.arg in ("op_func", "fake_impl") and isinstance(
@@ -254,14 +246,6 @@ def _context(scan: _ModuleScan, function: str) -> str:
     return TRACED
 
 
-def _module_name(path: str) -> str:
-    """ "vllm.a.b" for "vllm/a/b.py" or "vllm/a/b/__init__.py"."""
-    parts = path.removesuffix(".py").split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def scan_tree(root: Path) -> tuple[dict[str, list[CallSite]], set[str]]:
     """scan() of the tree's files as they are."""
     return scan(tree.python_sources(root))
@@ -316,13 +300,13 @@ def scan(
     unparsed: set[str] = set()
     selected: dict[str, str] = {}  # module -> path, in the order chosen
     pending: set[str] = set()  # paths selected, not parsed yet
-    modules = [_module_name(p) for p in texts]
+    modules = [names.module_name(p) for p in texts]
     # two files of one module name (a.py and a/__init__.py): parsed, as
     # the first one chosen wins
     twins = {m for m, n in collections.Counter(modules).items() if n > 1}
 
     def parse(path: str) -> None:
-        module = _module_name(path)
+        module = names.module_name(path)
         pending.discard(path)
         if module in scans or path in unparsed:
             return
@@ -335,7 +319,7 @@ def scan(
         scans[module] = result
 
     def select(path: str) -> None:
-        module = _module_name(path)
+        module = names.module_name(path)
         if module in scans or path in unparsed or path in pending:
             return
         selected.setdefault(module, path)
@@ -349,20 +333,20 @@ def scan(
             select(path)
     searched: set[str] = set()  # a text without these was not selected
     for _ in range(3):
-        names = {m.rsplit(".", 1)[-1] for m, s in scans.items() if s.op_calls}
-        names -= searched  # a text has not gained them since
-        if not names:
+        wanted = {m.rsplit(".", 1)[-1] for m, s in scans.items() if s.op_calls}
+        wanted -= searched  # a text has not gained them since
+        if not wanted:
             break
-        searched |= names
+        searched |= wanted
         for path, text in texts.items():
-            if _module_name(path) not in scans and any(n in text for n in names):
+            if names.module_name(path) not in scans and any(n in text for n in wanted):
                 select(path)
 
     # code that runs inside vLLM ops the tree registers
     registered = reach.opaque_regions(texts)
     while True:
         # where a dotted name resolves to: the modules chosen, parsed or not
-        known = set(scans) | {_module_name(p) for p in pending}
+        known = set(scans) | {names.module_name(p) for p in pending}
         sites, helpers, seen = _follow(scans, known, registered)
         parts = {p for _, q in helpers for p in q.split(".")}
         maybe = []
@@ -452,15 +436,15 @@ def _resolve(
     if isinstance(func, ast.Name):
         if func.id in scan.functions:
             return scan.module, func.id
-        target = scan.imports.get(func.id)
-        return _split(target, known) if target else None
+        qualified = names.qualify(func.id, scan.imports)
+        return _split(qualified, known) if qualified else None
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
         base = func.value.id
         if base in scan.functions or f"{base}.{func.attr}" in scan.functions:
             return scan.module, f"{base}.{func.attr}"
-        target = scan.imports.get(base)
-        if target:
-            return _split(f"{target}.{func.attr}", known)
+        qualified = names.qualify(f"{base}.{func.attr}", scan.imports)
+        if qualified:
+            return _split(qualified, known)
     return None
 
 

@@ -12,7 +12,8 @@ another platform takes is said to be one."""
 import ast
 import re
 
-from xpufakes.trees.pysource import SourceTree, module_name, statements
+from xpufakes.trees.names import module_name
+from xpufakes.trees.pysource import SourceTree, statements
 
 
 def conditions(source: SourceTree, steps: list) -> str:

@@ -1,0 +1,120 @@
+"""What a tree itself cannot run on XPU: data (data/limits.toml), exact, and
+one classifier (no torch: it runs in the tool, on the model proof's result).
+
+Each limit is listed with its tree (the release the tree says it is), model,
+configuration and reason: the error exactly as the cell says it, vLLM's own
+words ("<Error>: <message>"). A cell that failed or was not built is the
+tree's limit only if
+
+* a listed limit of its tree, model and configuration has exactly its
+  reason, and
+* no file the error passed through is one our series or recipes edit or
+  add (changes/live.py edited_by_us): a fault in a file we write is never
+  excused, whatever its text.
+
+Every other cell that fails, fails. A listed limit that no longer happens is
+reported as such (the cell's `limit_gone`). A limit of the proof itself
+(one process: tensor parallelism 1) is the proof's (report.PROOF_LIMIT),
+decided in the proof's Python, never the tree's, and listed nowhere.
+"""
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from xpufakes.changes import live
+from xpufakes.common import paths
+from xpufakes.common.errors import Refusal
+from xpufakes.proof.model.report import (
+    ERRORS,
+    NOT_FOR_THIS_TREE,
+    TREE_LIMIT,
+)
+from xpufakes.trees import tree as trees
+
+LIMITS = paths.DATA / "limits.toml"
+ANY = "*"  # a limit of every model, or of every configuration
+
+
+@dataclass(frozen=True)
+class Limit:
+    tree: str  # the release the tree says it is (vllm/_version.py, PKG-INFO)
+    model: str  # a model of data/models.toml, or ANY
+    configuration: str  # "default", "sp", or ANY
+    reason: str  # exactly as the cell says it: "<Error>: <vLLM's message>"
+    why: str  # what it means, for the reader
+
+    def covers(self, tree: str, model: str, configuration: str) -> bool:
+        return (
+            self.tree == tree
+            and self.model in (ANY, model)
+            and self.configuration in (ANY, configuration)
+        )
+
+
+def load(path: Path = LIMITS) -> list[Limit]:
+    return [
+        Limit(
+            entry["tree"],
+            entry["model"],
+            entry["configuration"],
+            entry["reason"],
+            " ".join(entry["why"].split()),
+        )
+        for entry in tomllib.loads(path.read_text()).get("limit", [])
+    ]
+
+
+def tree_name(root: Path) -> str:
+    """The release a tree says it is (the key of its limits); "" if it
+    cannot tell."""
+    try:
+        return trees.detect_version(trees.locate(str(root)))[0]
+    except Refusal:
+        return ""
+
+
+def classify_tree(found: list[dict], root: Path) -> list[dict]:
+    """classify() for the tree at root: its name, and the files of it that
+    our series or recipes edit or add."""
+    ours = live.edited_by_us(trees.python_sources(root))
+    return classify(found, tree_name(root), ours)
+
+
+def classify(
+    found: list[dict],
+    tree: str,
+    ours: set[str],
+    limits: list[Limit] | None = None,
+) -> list[dict]:
+    """Each model's cells (the model proof's result, changed in place and
+    returned): a failure that a listed limit of the tree names exactly, and
+    that passed through no file of ours, becomes the tree's limit (`limit`:
+    why); one whose listed limit is refused because it passed through a file
+    of ours says so (`not_excused`); a cell whose listed limit did not
+    happen says that (`limit_gone`: the listed reasons)."""
+    limits = load() if limits is None else limits
+    for model in found:
+        for cell in model["configurations"]:
+            listed = [
+                limit
+                for limit in limits
+                if limit.covers(tree, model["model"], cell["configuration"])
+            ]
+            if cell["result"] == NOT_FOR_THIS_TREE or not listed:
+                continue
+            matched = [limit for limit in listed if limit.reason == cell.get("error")]
+            if cell["result"] in ERRORS and matched:
+                mine = sorted(set(cell.get("files", [])) & ours)
+                if mine:
+                    cell["not_excused"] = (
+                        f"data/limits.toml lists it as the tree's limit, but it "
+                        f"passed through {', '.join(mine)}, which our series or "
+                        "recipes edit or add"
+                    )
+                else:
+                    cell["result"] = TREE_LIMIT
+                    cell["limit"] = matched[0].why
+            if not matched:
+                cell["limit_gone"] = [limit.reason for limit in listed]
+    return found

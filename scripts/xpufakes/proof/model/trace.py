@@ -1,0 +1,322 @@
+"""One configuration of a model built and traced as vLLM compiles it:
+vLLM's own `@support_torch_compile` (fullgraph) with our backend, which
+takes the graph Dynamo captured, runs AOT autograd's functionalization on it
+with fake tensors (every op's fake runs, mutations become explicit) and
+stops; the result, or why there is none: the error as vLLM (or Dynamo)
+raised it, exactly, with every file of the tree it passed through. Whether
+an error is a limit of the tree is not decided here (limits.py, in the
+tool, from data)."""
+
+import re
+import time
+import traceback
+from pathlib import Path
+
+from xpufakes.proof.model import build as building
+from xpufakes.proof.model import features
+from xpufakes.proof.model import models as model_data
+from xpufakes.proof.model.report import NOT_FOR_THIS_TREE, PROOF_LIMIT
+
+
+class Traced(Exception):
+    """Our backend's stop: the graph is captured and functionalized."""
+
+
+def _backend(captured: list):
+    """Our compile backend: AOT autograd's functionalization of the graph
+    Dynamo captured (fake tensors), its graph kept, then stop."""
+
+    def backend(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def keep(graph, inputs):
+            captured.append((gm, graph))
+            return graph
+
+        aot_module_simplified(gm, example_inputs, fw_compiler=keep)
+        raise Traced(len(gm.graph.nodes))
+
+    return backend
+
+
+TORCH_NAMESPACES = ("aten", "prims", "_c10d_functional", "higher_order")
+
+
+def _ops(graph) -> dict[str, str]:
+    """The ops of a graph that are not torch's own: 'ns::op' -> "" or
+    "writes carried" where functionalization carries its writes
+    (auto_functionalized)."""
+    import torch
+
+    found = {}
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target, note = node.target, ""
+        if target in (
+            torch.ops.higher_order.auto_functionalized,
+            getattr(torch.ops.higher_order, "auto_functionalized_v2", None),
+        ):
+            target, note = node.args[0], "writes carried"
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            qualified = (
+                getattr(target, "_qualified_op_name", None) or target._schema.name
+            )
+            namespace, _, name = qualified.partition("::")
+            if namespace not in TORCH_NAMESPACES:
+                key = f"{namespace}::{name}"
+                found[key] = note or found.get(key, "")
+    return found
+
+
+def where(error: BaseException, tree: Path) -> list[str]:
+    """The user frames of a Dynamo error, outermost first: 'file:line name'."""
+    stack = getattr(error, "real_stack", None) or []
+    frames = []
+    for frame in stack:
+        path = Path(frame.filename)
+        shown = path.relative_to(tree) if path.is_relative_to(tree) else path
+        frames.append(f"{shown}:{frame.lineno} {frame.name}")
+    return frames
+
+
+def _mode_name(mode) -> str:
+    """CompilationMode's name (0.11+), or CompilationLevel's (0.10: ints)."""
+    if hasattr(mode, "name"):
+        return mode.name
+    import vllm.config
+
+    level = getattr(vllm.config, "CompilationLevel", None)
+    names = [n for n, v in vars(level or object).items() if v == mode and n.isupper()]
+    return f"level {mode}" + (f" ({names[0]})" if names else "")
+
+
+# pydantic's first line of a ValidationError ("1 validation error for
+# ModelConfig"), whose reason is on the lines after it
+_SUMMARY = re.compile(r"\d+ validation errors? for \w+")
+
+
+def tree_frames(error: BaseException, tree: Path) -> list[str]:
+    """The tree's frames of an error's traceback, innermost last."""
+    frames = []
+    for frame in traceback.extract_tb(error.__traceback__):
+        path = Path(frame.filename)
+        if path.is_relative_to(tree):
+            frames.append(f"{path.relative_to(tree)}:{frame.lineno} {frame.name}")
+    return frames
+
+
+def files_of(error: BaseException, tree: Path) -> list[str]:
+    """Every file of the tree an error passed through, tree-relative: the
+    frames of its traceback and of the errors it was raised from or while
+    handling (cause, context), and Dynamo's user frames of each."""
+    found, seen = set(), set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        frames = list(traceback.extract_tb(error.__traceback__))
+        frames += list(getattr(error, "real_stack", None) or [])
+        for frame in frames:
+            path = Path(frame.filename)
+            if path.is_relative_to(tree):
+                found.add(path.relative_to(tree).as_posix())
+        inner = getattr(error, "inner_exception", None)
+        error = inner or error.__cause__ or error.__context__
+    return sorted(found)
+
+
+def not_built(error: BaseException, tree: Path, start: float | None = None) -> dict:
+    """The result of a model that could not be built: the first line of the
+    error (and the reason under it where that line is pydantic's summary),
+    the frames of the tree it passed through (innermost last), the
+    end of its traceback, and the missing module of a ModuleNotFoundError."""
+    lines = str(error).strip().splitlines() or [""]
+    first = lines[0].strip()
+    if _SUMMARY.fullmatch(first):  # pydantic's: the reason is below it
+        below = [line.strip() for line in lines[1:3] if line.strip()]
+        below = [line for line in below if not line.startswith("For further")]
+        first = f"{first}: " + " ".join(b.split(" [type=")[0] for b in below)
+    frames = tree_frames(error, tree)
+    said = {
+        "result": "not built",
+        "error": f"{type(error).__name__}: {first}",
+        "where": frames,
+        "files": files_of(error, tree),
+        "traceback": "".join(traceback.format_exception(error))[-3000:],
+        "graphs": 0,
+        "graph_breaks": 0,
+        "ops": [],
+    }
+    if isinstance(error, ModuleNotFoundError):
+        said["missing"] = error.name
+    if start is not None:
+        said["seconds"] = round(time.monotonic() - start, 1)
+    return said
+
+
+def _first_line(error: BaseException) -> str:
+    """ "<Error>: <the first line of its message>"."""
+    said = str(error).split("\nfrom user code:")[0].strip()
+    return f"{type(error).__name__}: {(said.splitlines() or [''])[0].strip()}"
+
+
+def _observed(error: BaseException) -> str:
+    """The error the traced code itself raised ("<Error>: <message>"),
+    where Dynamo says only "Observed exception": the first error chained
+    below it that is not Dynamo's (the code's own, raised while it ran), or
+    else Dynamo's record of it (Observed<Error>, whose message is a constant
+    of the trace); "" otherwise."""
+    if not str(error).startswith("Observed exception"):
+        return ""
+    seen, recorded = set(), ""
+    cause = error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        name = type(cause).__name__
+        if not type(cause).__module__.startswith("torch._dynamo"):
+            return _first_line(cause)
+        if not recorded and name.startswith("Observed") and cause.args:
+            message = " ".join(str(getattr(a, "value", a)) for a in cause.args)
+            line = (message.strip().splitlines() or [""])[0].strip()
+            if line:
+                recorded = f"{name.removeprefix('Observed')}: {line}"
+        cause = cause.__cause__ or cause.__context__
+    return recorded
+
+
+def _not_run(kind: str, reason: str, start: float) -> dict:
+    """A configuration the proof did not build or trace, and no failure:
+    an entry for other trees (NOT_FOR_THIS_TREE), or what the proof itself
+    cannot run (PROOF_LIMIT)."""
+    return {
+        "result": kind,
+        "error": reason,
+        "where": [],
+        "graphs": 0,
+        "graph_breaks": 0,
+        "ops": [],
+        "seconds": round(time.monotonic() - start, 1),
+    }
+
+
+def sp_turned_off(vllm_config, configuration: str) -> str:
+    """ "" or the proof's limit: sequence parallelism was asked for and the
+    tree's VllmConfig turned it off again, as it does at tensor parallelism
+    1 (0.16.0+); the proof runs one process. Not the tree's limit: its
+    workers at TP > 1 run it."""
+    if configuration != "sp":
+        return ""
+    pass_config = vllm_config.compilation_config.pass_config
+    field = features.sp_field(pass_config)
+    if field and not getattr(pass_config, field):
+        return (
+            f"the tree's VllmConfig turned {field} off: it needs tensor "
+            "parallelism > 1, and the proof runs one process (TP=1)"
+        )
+    return ""
+
+
+def trace_one(
+    model: model_data.Model,
+    configuration: str,
+    work: Path,
+    tree: Path,
+) -> dict:
+    """Build the model under one configuration and trace it. Returns
+    {configuration, mode, custom_ops, forwards, methods, tokens, result ("traced",
+    "failed", "not compiled", "writes lost", "not built", "the proof's
+    limit", "not for this tree"), graphs, graph_breaks, ops, nodes | error,
+    where, files, seconds}."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from vllm.config import CompilationConfig, set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    start = time.monotonic()
+    torch._dynamo.reset()
+    counters.clear()
+    captured: list = []
+    elsewhere = building.not_for_this_tree(model)
+    if elsewhere:
+        return {"configuration": configuration} | _not_run(
+            NOT_FOR_THIS_TREE, elsewhere, start
+        )
+    try:
+        directory = building.config_dir(model, work)
+        vllm_config = building.configure(model, directory, configuration)
+    except Exception as e:  # noqa: BLE001 - the result
+        return {"configuration": configuration} | not_built(e, tree, start)
+    turned_off = sp_turned_off(vllm_config, configuration)
+    if turned_off:
+        return {"configuration": configuration} | _not_run(
+            PROOF_LIMIT, turned_off, start
+        )
+    compilation = vllm_config.compilation_config
+    mode = getattr(compilation, "mode", None)
+    if mode is None:
+        mode = getattr(compilation, "level", None)
+    result = {
+        "configuration": configuration,
+        "mode": _mode_name(mode),
+        "custom_ops": list(compilation.custom_ops),
+    }
+    backend = _backend(captured)
+    CompilationConfig.init_backend = lambda self, *args, **kwargs: backend
+    built = None
+    with set_current_vllm_config(vllm_config):
+        try:
+            building.distributed(vllm_config, work)
+            built = building.build(model, vllm_config)
+            result |= building.described(built)
+            unquantized = building.unquantized(model, result["methods"])
+            if unquantized:
+                raise RuntimeError(unquantized)
+            result["tokens"] = building.warm_up_tokens(vllm_config)
+            inputs = building.inputs(model, built, result["tokens"])
+        except Exception as e:  # noqa: BLE001 - the result
+            return result | not_built(e, tree, start)
+        try:
+            with set_forward_context(None, vllm_config), torch.inference_mode():
+                built(**inputs)
+            result["result"] = "not compiled"
+        except Exception as e:  # noqa: BLE001 - the result
+            inner = getattr(e, "inner_exception", None)
+            error = inner or e
+            if isinstance(inner, Traced):
+                result |= {"result": "traced", "nodes": inner.args[0]}
+            else:
+                text = str(error).split("\nfrom user code:")[0].strip()
+                result |= {
+                    "result": "failed",
+                    # the traced code's own error, where Dynamo only observed it
+                    "error": _observed(error) or _first_line(error),
+                    "message": " ".join(text.split())[:2000],
+                    "where": where(error, tree),
+                    "files": files_of(e, tree),
+                }
+                if not result["where"]:
+                    result["traceback"] = traceback.format_exc()[-3000:]
+    result["graphs"] = len(captured)
+    result["graph_breaks"] = sum(counters["graph_break"].values())
+    if captured:
+        called, functional = (_ops(graph) for graph in captured[0])
+        result["ops"] = sorted(
+            f"{op} ({note})" if note else op for op, note in functional.items()
+        )
+        dropped = sorted(set(called) - set(functional))
+        if dropped and result["result"] == "traced":
+            # an op that returns nothing and declares no writes is dead
+            # code to the compiler: functionalization drops it, and with it
+            # what the kernel writes
+            result |= {
+                "result": "writes lost",
+                "error": "called in the traced forward, gone from the "
+                "functionalized graph (it returns nothing and declares no "
+                "writes, so the compiler drops it and what it writes is "
+                "lost): " + ", ".join(dropped),
+                "dropped": dropped,
+            }
+    else:
+        result["ops"] = []
+    result["seconds"] = round(time.monotonic() - start, 1)
+    return result

@@ -1,0 +1,44 @@
+"""The device: an Intel Arc B-series GPU (BMG, Xe2: the bug report's), as
+vLLM asks about it while it makes a model, and the XPU device named while a
+model is made, taken as the CPU (where the proof's tensors are)."""
+
+import torch
+
+# vllm-xpu-kernels' device queries (`_xpu_C::is_xe2_arch`, ...), answered
+# for an Arc B-series GPU (BMG, Xe2: the bug report's): vLLM's XPU MoE
+# experts ask them while the model is made (0.33.0's xpu_moe.py;
+# xpu_kernels.define_xpu_device_queries)
+XPU_DEVICE: dict[str, bool] = {
+    "is_xe2_arch": True,
+    "is_xe3_arch": False,
+    "is_bmg": True,
+    "is_pvc": False,
+}
+# torch.xpu.get_device_properties().max_compute_units of an Arc B580
+# (20 Xe2 cores x 8 vector engines)
+XPU_COMPUTE_UNITS = 160
+
+
+class XPUOnCPU(torch.overrides.TorchFunctionMode):
+    """The XPU device, where a tree names it while it makes the model or
+    processes its weights (`.to("xpu")`, `device=current_platform.device_type`):
+    the CPU, where the tensors of the proof are; a torch without XPU cannot
+    make a tensor there."""
+
+    @staticmethod
+    def _cpu(value):
+        if isinstance(value, str) and (value == "xpu" or value.startswith("xpu:")):
+            return "cpu"
+        if isinstance(value, torch.device) and value.type == "xpu":
+            return torch.device("cpu")
+        if isinstance(value, (list, tuple)):
+            return type(value)(XPUOnCPU._cpu(v) for v in value)
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.xpu:
+            return args[0]
+        args = tuple(self._cpu(a) for a in args)
+        kwargs = {k: self._cpu(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
