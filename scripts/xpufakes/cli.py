@@ -105,11 +105,17 @@ def cmd_verify_xpu(args) -> int:
     vllm = tree.locate(args.vllm).root if args.vllm else None
     plugin = Path(args.plugin) if args.plugin else None
     state: dict | None = {} if plugin else None
-    results = verify.run(vllm, args.standins, not args.quick, None, plugin, state)
+    schema = verify.SchemaTruth()
+    results = verify.run(
+        vllm, args.standins, not args.quick, None, plugin, state, schema
+    )
     if args.json_out:
         Path(args.json_out).write_text(verify.to_json(results, state))
+    if not args.json:  # schema truth on the device, then the grid's verdict
+        print(f"{verify.schema_table(schema)}\n")
     print(verify.to_json(results, state) if args.json else verify.table(results))
-    return errors.OK if results and all(r.ok for r in results) else errors.REFUSED
+    passed = results and all(r.ok for r in results) and schema.ok
+    return errors.OK if passed else errors.REFUSED
 
 
 def cmd_audit(args) -> int:

@@ -8,6 +8,7 @@ on the CPU against the stand-in kernels of a kernel release instead.
 """
 
 import json
+import re
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,18 +40,20 @@ def run(
     select: Callable[[], Collection[str]] | None = None,
     plugin: Path | None = None,
     plugin_state: dict | None = None,
+    schema: "SchemaTruth | None" = None,
 ) -> list[OpResult]:
     """The opcheck grid of every registered fake: against the real kernels
     on the XPU, or (standins) the stand-ins of that kernel release on the
     CPU. With `select`, only the ops it names (asked once the tree is
     loaded; an overload counts as its op). With `plugin` (the directory
     this project's vLLM plugin is installed in), the plugin registers once
-    the tree is loaded, and what it did goes into `plugin_state`. A Python
-    without torch cannot run it (NOT_HERE)."""
+    the tree is loaded, and what it did goes into `plugin_state`. With
+    `schema`, then schema truth on the device (schema_truth()) into it. A
+    Python without torch cannot run it (NOT_HERE)."""
     import sys
 
     try:
-        return _run(vllm, standins, full, select, plugin, plugin_state)
+        return _run(vllm, standins, full, select, plugin, plugin_state, schema)
     except ModuleNotFoundError as e:
         if (e.name or "").partition(".")[0] != "torch":
             raise
@@ -68,6 +71,7 @@ def _run(
     select: Callable[[], Collection[str]] | None,
     plugin: Path | None,
     plugin_state: dict | None,
+    schema: "SchemaTruth | None" = None,
 ) -> list[OpResult]:
     import torch
 
@@ -100,6 +104,8 @@ def _run(
             plugin_state.update(state)
     wanted = None if select is None else {op.split(".")[0] for op in select()}
     results = grid(device, full, wanted)
+    if schema is not None:
+        schema_truth(schema, bool(standins))
     del libraries
     return results
 
@@ -194,4 +200,184 @@ def to_json(results: list[OpResult], plugin: dict | None = None) -> str:
     ops = [asdict(r) | {"ok": r.ok} for r in results]
     return json.dumps(
         ops if plugin is None else {"ops": ops, "plugin": plugin}, indent=2
+    )
+
+
+# ---------------------------------------------------------------------------
+# Schema truth on the device: the image's own ops (issue 42, item 4)
+# ---------------------------------------------------------------------------
+
+# the plugin's check and its cases, one source for both ways of running it
+# (python -m vllm_xpu_fakes --verify ships them)
+schemacheck = installed_plugin.shipped_module("schemacheck")
+schemacases = installed_plugin.shipped_module("schemacases")
+STANDINS = "xpufakes_schema_standins"  # the CPU stand-ins' namespace
+NO_STANDIN = "no stand-in: its schema is the tree's, not in the data"
+NOT_TESTED_HERE = (
+    "CPU stand-ins, not the image's kernels: each carries the op's schema "
+    "(the data's) and does the write the finding names; the real kernels "
+    "need an Intel GPU (make verify-xpu there)"
+)
+
+
+@dataclass
+class SchemaTruth:
+    """Schema truth on the device: the results on the image's ops (on the
+    XPU), or (stand-ins) on the lying stand-ins and their truthful controls."""
+
+    results: list = field(default_factory=list)
+    controls: list = field(default_factory=list)  # stand-ins only
+    packages: list[str] = field(default_factory=list)
+    standins: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """On stand-ins: every lying one confirmed, every truthful control
+        declared and not failed by test_schema. On the XPU: no verdict (the
+        findings are the image's, the report says which it confirms)."""
+        if not self.standins:
+            return True
+        checked = [r for r in self.results if r.status not in ("no case", "not here")]
+        return (
+            bool(checked)
+            and all(r.confirmed for r in checked)
+            and all(
+                c.status == "declared here" and not c.test_schema.startswith("fails")
+                for c in self.controls
+            )
+        )
+
+
+def schema_truth(into: SchemaTruth, standins: bool) -> SchemaTruth:
+    """Schema truth over the ops of the findings this process has: the
+    image's (the ESIMD package imported where installed, the _xpu_C ops
+    vLLM loaded) on the XPU, or the CPU stand-ins and their truthful
+    controls."""
+    findings, cases = schemacases.FINDINGS, schemacases.CASES
+    no_case = schemacases.NO_CASE
+    into.standins = standins
+    if not standins:
+        into.packages = schemacheck.load_image_packages()
+        into.results = schemacheck.run(
+            findings, cases, no_case, "xpu", schemacheck.loaded
+        )
+        return into
+    library, names = define_schema_standins()
+    lying = {op: schemacheck.loaded(f"{STANDINS}::{n}") for op, n in names.items()}
+    truthful = {
+        op: schemacheck.loaded(f"{STANDINS}::{n}_truthful") for op, n in names.items()
+    }
+    into.results = schemacheck.run(
+        findings, cases, no_case, "cpu", lying.get, absent=NO_STANDIN
+    )
+    into.controls = [
+        schemacheck.check(op, truthful[op], findings[op], cases[op], "cpu")
+        for op in names
+    ]
+    del library
+    return into
+
+
+def _schema_texts() -> dict[str, str]:
+    """The schemas of the findings' ops, as the data has them: llm-scaler's
+    at the image commit that builds vLLM 0.21.0 (b18beee), vllm-xpu-kernels'."""
+    from xpufakes.proof.static import schematruth
+
+    package = schematruth.ESIMD_PACKAGE
+    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0")
+    return {op: f.text for op, f in facts.items()}
+
+
+def truthful(schema: str, findings: dict[str, list[str]]) -> str:
+    """The schema with what the findings say marked: each argument written
+    `Tensor(wN!)`, the returned one's alias on the result."""
+    name, _, rest = schema.partition("(")
+    params, _, returns = rest.rpartition(") ->")
+    written = set(findings.get("a", [])) | set(findings.get("b", []))
+    returned = findings.get("b", [])
+    out, alias = [], ""
+    for i, param in enumerate(p.strip() for p in params.split(",")):
+        kind, _, arg = param.partition(" ")
+        arg_name = arg.partition("=")[0].strip()
+        marked = re.fullmatch(r"Tensor\((\w+)!\)\??", kind)
+        if arg_name in written and kind in ("Tensor", "Tensor?"):
+            kind = kind.replace("Tensor", f"Tensor(w{i}!)")
+            marked = re.fullmatch(r"Tensor\((\w+)!\)\??", kind)
+        if marked and arg_name in returned:
+            alias = f"Tensor({marked.group(1)}!)"
+        out.append(f"{kind} {arg}")
+    return f"{name}({', '.join(out)}) -> {alias or returns.strip()}"
+
+
+def define_schema_standins():
+    """CPU stand-ins of the ops with a case whose schema the data has: for
+    each, `<op>` with the image's schema and `<op>_truthful` with what the
+    findings say marked, both the same kernel: it writes the arguments the
+    findings name (+1 where it reads them, 1 where NaN) and returns the one
+    the C++ returns. (library, op -> the stand-ins' name)."""
+    import torch
+
+    texts = _schema_texts()
+    library = torch.library.Library(STANDINS, "DEF")
+    names = {}
+    for op in schemacases.CASES:
+        if op not in texts:
+            continue  # a tree's own op: its schema is the tree's
+        found = schemacases.FINDINGS[op]
+        name = op.split("::")[1]
+        schema = texts[op].partition("(")
+        library.define(f"{name}{schema[1]}{schema[2]}")
+        library.define(truthful(f"{name}_truthful({schema[2]}", found))
+        kernel = _standin_kernel(texts[op], found)
+        library.impl(name, kernel, "CPU")
+        library.impl(f"{name}_truthful", kernel, "CPU")
+        names[op] = name
+    return library, names
+
+
+def _standin_kernel(schema: str, findings: dict[str, list[str]]):
+    import torch
+
+    params = [
+        p.strip().partition(" ")[2].partition("=")[0].strip()
+        for p in schema.partition("(")[2].rpartition(") ->")[0].split(",")
+    ]
+    returned = (findings.get("b") or [None])[0]
+    written = [params.index(a) for a in findings.get("a", []) + findings.get("b", [])]
+
+    def kernel(*args):
+        for i in dict.fromkeys(written):
+            t = args[i]
+            t.copy_(torch.nan_to_num(t.float(), nan=0.0).add(1).to(t.dtype))
+        return args[params.index(returned)] if returned else None
+
+    return kernel
+
+
+def schema_table(truth: SchemaTruth) -> str:
+    if not truth.standins:
+        head = [
+            "schema truth on the XPU: the image's own ops, opcheck test_schema "
+            "with outputs filled with NaN (docs/schema-truth.md)",
+            *(f"  {p}" for p in truth.packages),
+        ]
+        return "\n".join([*head, schemacheck.table(truth.results)])
+    controls = schemacheck.table(truth.controls).splitlines()[:-1]
+    ran = [c for c in truth.controls if not c.test_schema.startswith("cannot run")]
+    verdict = (
+        "PASS: every lying stand-in confirmed; test_schema passes "
+        f"{len(ran)} of {len(truth.controls)} truthful controls (the others: "
+        "it cannot run on them, above)"
+        if truth.ok
+        else "FAIL: a lying stand-in is not confirmed, or test_schema fails a "
+        "truthful control (above)"
+    )
+    return "\n".join(
+        [
+            f"schema truth on {NOT_TESTED_HERE}",
+            schemacheck.table(truth.results),
+            "truthful controls (the same kernels, the writes marked):",
+            *controls,
+            f"schema truth logic: {verdict}",
+        ]
     )
