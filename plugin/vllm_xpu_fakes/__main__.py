@@ -4,8 +4,10 @@
 
 ``python -m vllm_xpu_fakes``: what register() does here; exit status 0 if
 the fix is in effect, else 1. ``python -m vllm_xpu_fakes --verify``: that,
-and on an XPU the opcheck grid of the fakes against the real kernels; 77
-where there is no XPU.
+and on an XPU the opcheck grid of the fakes against the real kernels, and
+schema truth on the image's own ops (schemacheck.py: does each kernel write
+or return what ``make audit`` says its schema hides?); 77 where there is no
+XPU.
 """
 
 import argparse
@@ -53,6 +55,25 @@ def main(argv: list[str] | None = None) -> int:
     results = opcheck.run("xpu")
     passed = bool(results) and all(r.ok for r in results)
     print(report.text())
+    print()
+    # the image's own ops whose schemas hide a write or an alias (make
+    # audit's schema truth): does this XPU's kernel do what was found?
+    from vllm_xpu_fakes import schemacases, schemacheck
+
+    said = schemacheck.load_image_packages()
+    truth = schemacheck.run(
+        schemacases.FINDINGS,
+        schemacases.CASES,
+        schemacases.NO_CASE,
+        "xpu",
+        schemacheck.loaded,
+    )
+    print(
+        "schema truth on the XPU: the image's own ops, opcheck test_schema "
+        "with outputs filled with NaN (a finding confirmed is the image's, "
+        "not the fix's: it does not change the exit status)"
+    )
+    print("\n".join([*(f"  {s}" for s in said), schemacheck.table(truth)]))
     print()
     print("opcheck grid of the fakes in effect, on the XPU's kernels:")
     print(opcheck.table(results), flush=True)
