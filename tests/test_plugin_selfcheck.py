@@ -441,6 +441,15 @@ def test_verify_on_an_xpu_runs_the_grid_on_it(site, tmp_path, capsys, monkeypatc
     assert IN_EFFECT in lines, out  # the self-check's verdict, then the grid
     assert "FAIL: 0 of 8 ops conform on the kernels" in lines, out
     assert "XPU" in out.split("opcheck grid", 1)[1], out  # why each failed
+    # schema truth on the image's ops: the ESIMD package is not here, the
+    # stand-in _xpu_C::fp8_gemm_out and vLLM's sampler op are, and their cases
+    # cannot be made on an "xpu" a CPU torch does not have (said, not counted
+    # as confirmed)
+    truth = out.split("schema truth on the XPU", 1)[1].split("opcheck grid", 1)[0]
+    assert "custom_esimd_kernels_vllm: not installed" in truth, truth
+    assert "_xpu_C::fp8_gemm_out: error (the case does not run: " in truth, truth
+    counts = [x for x in truth.splitlines() if x.startswith("schema truth: ")]
+    assert counts and "confirmed" not in counts[0] and "2 error" in counts[0], truth
     assert lines[-1] == (
         "vllm-xpu-fakes --verify: FAIL: 8 of 8 ops' fakes do not conform to this "
         "XPU's kernels (above); the fix is in effect"
