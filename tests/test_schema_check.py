@@ -123,6 +123,31 @@ def test_each_case_fits_its_schema_and_fills_outputs_with_nan():
     assert tuple(s.shape) == (-(-n // 128), -(-k // 128)) and out.shape == (m, n)
 
 
+def _args(op: str) -> list:
+    return check.make_args(cases.CASES[op], "cpu")
+
+
+def test_the_gemm_cases_have_the_shapes_their_kernels_check():
+    """What the kernels' C++ checks of a GEMM's shapes (written here from
+    the C++, not from the cases): input [M, K], weight [N, K] (int4: K/2
+    bytes a row, scales [N, K/128]), output [M, N]; _xpu_C::fp8_gemm_out's
+    out [M, N] for A [M, K] and B [K, N]."""
+    for name in ("gemm_fp8_pert", "gemm_fp8_blockscale", "gemv_fp8_pert", "gemv_fp16"):
+        x, w = _args(f"custom_esimd_kernels_vllm::esimd_{name}")[:2]
+        out = _args(f"custom_esimd_kernels_vllm::esimd_{name}")[
+            -1 if name == "gemv_fp16" else 3
+        ]
+        assert w.shape[1] == x.shape[1] and out.shape == (x.shape[0], w.shape[0])
+    for name in ("gemm_int4_pgrp", "gemv_int4"):
+        x, w, s, out = _args(f"custom_esimd_kernels_vllm::esimd_{name}")
+        k, n = x.shape[1], w.shape[0]
+        assert w.shape[1] * 2 == k and s.shape == (n, k // 128)
+        assert out.shape == (x.shape[0], n) and n % 16 == 0 and k % 128 == 0
+    out, a, b = _args("_xpu_C::fp8_gemm_out")[:3]
+    assert a.shape[1] == b.shape[0] and out.shape == (a.shape[0], b.shape[1])
+    assert not b.is_contiguous()  # the weight as vLLM passes it: [N, K] transposed
+
+
 # ---------------------------------------------------------------------------
 # The check, on kernels of this test's own
 # ---------------------------------------------------------------------------

@@ -18,15 +18,16 @@ vLLM 0.33.0's own op).
 were read). An argument is a tensor ``"<dtype>[<dims>]"`` with the sizes'
 names in its dims (``K/128``: an exact division), then what fills it:
 ``nan`` (an output: any write shows), ``=<number>``, ``pos`` (uniform in
-[0.5, 1.5): scales), else random (normal; integers: any bits); ``.t``
-transposes a 2-D tensor, ``cpu`` keeps it on the CPU. ``fp8bits`` is an FP8
-E4M3 value as its uint8 bits: the ESIMD kernels take the weight's
-``data_ptr()`` as bytes and tell E5M2 from E4M3 by its dtype alone
-(``get_fp8_mode``), and torch cannot compare FP8 tensors (``allclose``),
-which ``test_schema`` does with every argument. A name of the sizes is that
-size (an int argument); anything else is the argument as it is. Sizes are
-small, the dims the kernels require (a multiple of 128, of 512 for the
-norms' widest vector path, N a multiple of 16).
+[0.5, 1.5): scales), else random (normal; integers: any bits); ``.t``:
+made with its dims, then transposed (a view), ``cpu`` keeps it on the
+CPU. ``fp8bits`` is an FP8 E4M3 value as its uint8 bits: the ESIMD kernels
+take the weight's ``data_ptr()`` as bytes and tell E5M2 from E4M3 by its
+dtype alone (``get_fp8_mode``), and torch cannot compare FP8 tensors on a
+CPU (``allclose``), which ``test_schema`` does with every argument. A
+name of the sizes is that size (an int argument); anything else is the
+argument as it is. Sizes are small, the dims the kernels require (a
+multiple of 128, of 512 for the norms' widest vector path, N a multiple of
+16).
 
 ``NO_CASE``: op -> why it has none.
 """

@@ -133,20 +133,19 @@ def _tensor(spec: str, sizes: dict[str, int], device: str, generator):
     dims = [size(d, sizes) for d in match["dims"].split(",") if d.strip()]
     rest = match["rest"].split()
     made = dtype if kind not in ("fp8e4m3", "fp8bits") else torch.float32
-    shape = dims[::-1] if match["t"] else dims
     if "nan" in rest:
-        t = torch.full(shape, NAN, dtype=made)
+        t = torch.full(dims, NAN, dtype=made)
     elif any(r.startswith("=") for r in rest):
         number = float(next(r for r in rest if r.startswith("="))[1:])
-        t = torch.full(shape, number, dtype=torch.float64).to(made)
+        t = torch.full(dims, number, dtype=torch.float64).to(made)
     elif "pos" in rest:
-        t = (torch.rand(shape, generator=generator) + 0.5).to(made)
+        t = (torch.rand(dims, generator=generator) + 0.5).to(made)
     elif made.is_floating_point:
-        t = torch.randn(shape, generator=generator).to(made)
+        t = torch.randn(dims, generator=generator).to(made)
     else:
         info = torch.iinfo(dtype)
         low, high = max(info.min, -(2**31)), min(info.max, 2**31 - 1)
-        t = torch.randint(low, high, shape, generator=generator, dtype=dtype)
+        t = torch.randint(low, high, dims, generator=generator, dtype=dtype)
     if kind == "fp8e4m3":
         t = t.to(torch.float8_e4m3fn)
     elif kind == "fp8bits":
