@@ -68,12 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "xpu",
         schemacheck.loaded,
     )
-    print(
-        "schema truth on the XPU: the image's own ops, opcheck test_schema "
-        "with outputs filled with NaN (a finding confirmed is the image's, "
-        "not the fix's: it does not change the exit status)"
-    )
-    print("\n".join([*(f"  {s}" for s in said), schemacheck.table(truth)]))
+    print(schemacheck.report(truth, said))
     print()
     print("opcheck grid of the fakes in effect, on the XPU's kernels:")
     print(opcheck.table(results), flush=True)

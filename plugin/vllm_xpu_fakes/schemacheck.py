@@ -370,3 +370,14 @@ def table(results: list[Result]) -> str:
         + ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
     )
     return "\n".join(lines)
+
+
+def report(results: list[Result], packages: list[str]) -> str:
+    """The report on the XPU (make verify-xpu and --verify print it)."""
+    head = (
+        "schema truth on the XPU: the image's own ops, opcheck test_schema "
+        "with outputs filled with NaN (docs/schema-truth.md; a finding "
+        "confirmed is the image's, not the fix's: it does not change the "
+        "exit status)"
+    )
+    return "\n".join([head, *(f"  {p}" for p in packages), table(results)])

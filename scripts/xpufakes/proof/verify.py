@@ -364,14 +364,7 @@ def _standin_kernel(schema: str, findings: dict[str, list[str]]):
 
 def schema_table(truth: SchemaTruth) -> str:
     if not truth.standins:
-        head = [
-            "schema truth on the XPU: the image's own ops, opcheck test_schema "
-            "with outputs filled with NaN (docs/schema-truth.md; a finding "
-            "confirmed is the image's, not the fix's: it does not change the "
-            "exit status)",
-            *(f"  {p}" for p in truth.packages),
-        ]
-        return "\n".join([*head, schemacheck.table(truth.results)])
+        return schemacheck.report(truth.results, truth.packages)
     if truth.skipped:
         return f"schema truth on CPU stand-ins: not run ({truth.skipped})"
     controls = schemacheck.table(truth.controls).splitlines()[:-1]
