@@ -85,6 +85,18 @@ def test_the_findings_are_schema_truths_and_each_has_a_case_or_a_reason():
     }
 
 
+def test_the_cited_lines_are_the_datas():
+    package = schematruth.ESIMD_PACKAGE
+    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0")
+    for op, lines in cases.WHERE.items():
+        f = facts[op]
+        assert lines == sorted({e["at"] for e in f.writes + f.returns}), op
+        assert all(line in cases.CITED[op] for line in lines), op
+    assert set(cases.WHERE) == {op for op in cases.FINDINGS if op in facts}
+    gemm = "custom_esimd_kernels_vllm::esimd_gemm_fp8_blockscale"
+    assert cases.CITED[gemm].startswith("llm-scaler b18beee")
+
+
 def test_the_upstream_vllm_op_finding_is_schema_truths_on_0_33_0():
     texts = tree.python_sources(releases.pristine("0.33.0"))
     truth = schematruth.check(texts, "0.33.0")

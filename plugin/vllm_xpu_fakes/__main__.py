@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         schemacases.NO_CASE,
         "xpu",
         schemacheck.loaded,
+        cited=schemacases.CITED,
     )
     print(schemacheck.report(truth, said))
     print()

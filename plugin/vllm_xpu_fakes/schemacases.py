@@ -32,7 +32,7 @@ multiple of 128, of 512 for the norms' widest vector path, N a multiple of
 ``NO_CASE``: op -> why it has none.
 """
 
-B18BEEE = "llm-scaler b18beee, vllm/custom-esimd-kernels-vllm/"
+B18BEEE = "llm-scaler b18beee vllm/custom-esimd-kernels-vllm/"
 ESIMD = "custom_esimd_kernels_vllm::"
 
 FINDINGS = {
@@ -116,10 +116,179 @@ FINDINGS = {
 
 # where the evidence of each finding is (the C++ the data cites)
 EVIDENCE = {
-    "custom_esimd_kernels_vllm": B18BEEE + "csrc/ (data/esimd_schemas.toml)",
-    "esimd_topk_v2": B18BEEE + "csrc/ (data/esimd_schemas.toml)",
+    "custom_esimd_kernels_vllm": B18BEEE + " (data/esimd_schemas.toml)",
+    "esimd_topk_v2": B18BEEE + " (data/esimd_schemas.toml)",
     "_xpu_C": "vllm-xpu-kernels 4543b58 (data/xpu_c_writes.toml)",
     "vllm": "vLLM 0.33.0 vllm/_xpu_ops.py (mutates_args not given: [])",
+}
+
+# the lines of the C++ each op's findings cite (the data's `at`)
+WHERE = {
+    "custom_esimd_kernels_vllm::esimd_gemm_fp8_blockscale": [
+        "csrc/xpu/esimd_kernel_gemm.sycl:135",
+        "csrc/xpu/esimd_kernel_gemm.sycl:138",
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemm_fp8_pert": [
+        "csrc/xpu/esimd_kernel_gemm.sycl:45",
+        "csrc/xpu/esimd_kernel_gemm.sycl:48",
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemm_int4_pgrp": [
+        "csrc/xpu/esimd_kernel_gemm.sycl:88",
+        "csrc/xpu/esimd_kernel_gemm.sycl:90",
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert": ["csrc/xpu/esimd_kernel.sycl:97"],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert_fused2": [
+        "csrc/xpu/esimd_kernel.sycl:170"
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_int4": ["csrc/xpu/esimd_kernel.sycl:209"],
+    "custom_esimd_kernels_vllm::esimd_gemv_int4_fused2": [
+        "csrc/xpu/esimd_kernel.sycl:229"
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp16": [
+        "csrc/xpu/esimd_kernel.sycl:124",
+        "csrc/xpu/esimd_kernel.sycl:129",
+    ],
+    "custom_esimd_kernels_vllm::esimd_rms_norm": [
+        "csrc/xpu/esimd_kernel.sycl:498",
+        "csrc/xpu/esimd_kernel.sycl:501",
+    ],
+    "custom_esimd_kernels_vllm::esimd_rms_norm_gated": [
+        "csrc/xpu/esimd_kernel.sycl:482",
+        "csrc/xpu/esimd_kernel.sycl:485",
+    ],
+    "custom_esimd_kernels_vllm::esimd_fused_add_rms_norm": [
+        "csrc/xpu/esimd_kernel.sycl:514",
+        "csrc/xpu/esimd_kernel.sycl:515",
+        "csrc/xpu/esimd_kernel.sycl:519",
+    ],
+    "custom_esimd_kernels_vllm::esimd_fused_add_rms_norm_batched": [
+        "csrc/xpu/esimd_kernel.sycl:552",
+        "csrc/xpu/esimd_kernel.sycl:553",
+        "csrc/xpu/esimd_kernel.sycl:557",
+    ],
+    "custom_esimd_kernels_vllm::esimd_fused_scaled_add_rms_norm": [
+        "csrc/xpu/esimd_kernel.sycl:533",
+        "csrc/xpu/esimd_kernel.sycl:534",
+        "csrc/xpu/esimd_kernel.sycl:538",
+    ],
+    "custom_esimd_kernels_vllm::esimd_norm_add_norm": [
+        "csrc/xpu/esimd_kernel.sycl:624",
+        "csrc/xpu/esimd_kernel.sycl:627",
+    ],
+    "custom_esimd_kernels_vllm::esimd_norm_gemv_norm_fp16": [
+        "csrc/xpu/esimd_kernel.sycl:579",
+        "csrc/xpu/esimd_kernel.sycl:580",
+    ],
+    "custom_esimd_kernels_vllm::esimd_norm_gemv_fp8_pert": [
+        "csrc/xpu/esimd_kernel.sycl:368",
+        "csrc/xpu/esimd_kernel.sycl:372",
+    ],
+    "custom_esimd_kernels_vllm::esimd_norm_gemv_int4_pert": [
+        "csrc/xpu/esimd_kernel.sycl:458",
+        "csrc/xpu/esimd_kernel.sycl:462",
+    ],
+    "custom_esimd_kernels_vllm::esimd_resadd_norm_gemv_fp8_pert": [
+        "csrc/xpu/esimd_kernel.sycl:332",
+        "csrc/xpu/esimd_kernel.sycl:333",
+        "csrc/xpu/esimd_kernel.sycl:337",
+        "csrc/xpu/esimd_kernel.sycl:338",
+        "csrc/xpu/esimd_kernel.sycl:342",
+    ],
+    "custom_esimd_kernels_vllm::esimd_resadd_norm_gemv_int4_pert": [
+        "csrc/xpu/esimd_kernel.sycl:392",
+        "csrc/xpu/esimd_kernel.sycl:393",
+        "csrc/xpu/esimd_kernel.sycl:397",
+        "csrc/xpu/esimd_kernel.sycl:398",
+        "csrc/xpu/esimd_kernel.sycl:402",
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_gelu_tanh_mul": [
+        "csrc/xpu/esimd_kernel_moe.sycl:156",
+        "csrc/xpu/esimd_kernel_moe.sycl:158",
+    ],
+    "custom_esimd_kernels_vllm::esimd_accum_norm_add_norm": [
+        "csrc/xpu/esimd_kernel.sycl:646",
+        "csrc/xpu/esimd_kernel.sycl:649",
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp16_gelu_mul": [
+        "csrc/xpu/esimd_kernel.sycl:150",
+        "csrc/xpu/esimd_kernel.sycl:152",
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pern": ["csrc/xpu/esimd_kernel.sycl:47"],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pern_fused2": [
+        "csrc/xpu/esimd_kernel.sycl:64"
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pern_fused3": [
+        "csrc/xpu/esimd_kernel.sycl:83"
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert_bmg": [
+        "csrc/xpu/esimd_kernel.sycl:667",
+        "csrc/xpu/esimd_kernel.sycl:669",
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert_fused3": [
+        "csrc/xpu/esimd_kernel.sycl:190"
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_gather": [
+        "csrc/xpu/esimd_kernel_moe.sycl:173",
+        "csrc/xpu/esimd_kernel_moe.sycl:175",
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_gemm_fp8": [
+        "csrc/xpu/esimd_kernel_moe.sycl:191",
+        "csrc/xpu/esimd_kernel_moe.sycl:194",
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_gemm_fp8_pert": [
+        "csrc/xpu/esimd_kernel_moe.sycl:284",
+        "csrc/xpu/esimd_kernel_moe.sycl:287",
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_scatter": [
+        "csrc/xpu/esimd_kernel_moe.sycl:100",
+        "csrc/xpu/esimd_kernel_moe.sycl:102",
+        "csrc/xpu/esimd_kernel_moe.sycl:99",
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_scatter_fused": [
+        "csrc/xpu/esimd_kernel_moe.sycl:124",
+        "csrc/xpu/esimd_kernel_moe.sycl:125",
+        "csrc/xpu/esimd_kernel_moe.sycl:127",
+        "csrc/xpu/esimd_kernel_moe.sycl:132",
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_silu_mul": [
+        "csrc/xpu/esimd_kernel_moe.sycl:143",
+        "csrc/xpu/esimd_kernel_moe.sycl:145",
+    ],
+    "custom_esimd_kernels_vllm::esimd_moe_topk": [
+        "csrc/xpu/esimd_kernel_moe.sycl:80",
+        "csrc/xpu/esimd_kernel_moe.sycl:83",
+    ],
+    "custom_esimd_kernels_vllm::esimd_resadd_norm_gemv2_fp8_pert": [
+        "csrc/xpu/esimd_kernel.sycl:422",
+        "csrc/xpu/esimd_kernel.sycl:423",
+        "csrc/xpu/esimd_kernel.sycl:427",
+        "csrc/xpu/esimd_kernel.sycl:430",
+        "csrc/xpu/esimd_kernel.sycl:434",
+    ],
+    "custom_esimd_kernels_vllm::esimd_scaled_resadd_norm_gemv_fp8_pert": [
+        "csrc/xpu/esimd_kernel.sycl:601",
+        "csrc/xpu/esimd_kernel.sycl:602",
+        "csrc/xpu/esimd_kernel.sycl:606",
+    ],
+    "esimd_topk_v2::topk_v2": [
+        "csrc/xpu/esimd_kernel_topk_v2.sycl:27",
+        "csrc/xpu/esimd_kernel_topk_v2.sycl:46",
+    ],
+    "_xpu_C::fp8_gemm_out": [
+        "csrc/xpu/onednn/onednn_matmul.cpp:138",
+        "csrc/xpu/onednn/onednn_matmul.cpp:161",
+    ],
+    "_xpu_C::topk_topp_sampler": ["csrc/xpu/sampler/topk_topp_sampler.cpp:62"],
+    "_xpu_C::cutlass_grouped_gemm_interface": [
+        "csrc/xpu/grouped_gemm/grouped_gemm_interface.cpp:26"
+    ],
+}
+
+# what each op's report cites
+CITED = {
+    op: EVIDENCE[op.split("::")[0]]
+    + (f": {', '.join(WHERE[op])}" if op in WHERE else "")
+    for op in FINDINGS
 }
 
 GEMM_SHAPES = "csrc/xpu/esimd_kernel_gemm.sycl"

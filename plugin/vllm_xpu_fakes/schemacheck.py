@@ -61,6 +61,7 @@ class Result:
     seen: dict[str, str] = field(default_factory=dict)  # "(a) output" -> SEEN
     also: list[str] = field(default_factory=list)  # done, and not a finding
     note: str = ""  # why no case; the error; where the shapes are from
+    cited: str = ""  # the finding's evidence
 
     @property
     def confirmed(self) -> bool:
@@ -239,7 +240,8 @@ def _declared(op) -> tuple[set[str], set[str]]:
 
 def check(qualname: str, op, findings: dict, case: tuple, device: str) -> Result:
     """The findings of one op, on `device`."""
-    result = Result(qualname, findings, "", note=case[2])
+    sizes = " ".join(f"{k}={v}" for k, v in case[0].items())
+    result = Result(qualname, findings, "", note=f"{sizes}; shapes: {case[2]}")
     names = [a.name for a in op._schema.arguments]
     wanted = {a for args in findings.values() for a in args if a}
     if len(names) != len(case[1]) or not wanted <= set(names):
@@ -297,9 +299,11 @@ def run(
     device: str,
     resolve: Callable[[str], object],
     absent: str = "not loaded in this process",
+    cited: dict[str, str] | None = None,
 ) -> list[Result]:
     """Every op of `findings`: checked if `resolve` finds it in this process
-    (its OpOverload, else None) and it has a case."""
+    (its OpOverload, else None) and it has a case; `cited`: op -> the
+    evidence of its findings, said with it."""
     results = []
     for qualname, found in findings.items():
         op = resolve(qualname)
@@ -309,6 +313,7 @@ def run(
             results.append(Result(qualname, found, "not here", note=absent))
         else:
             results.append(check(qualname, op, found, cases[qualname], device))
+        results[-1].cited = (cited or {}).get(qualname, "")
     return results
 
 
@@ -353,6 +358,9 @@ def table(results: list[Result]) -> str:
         if r.status in ("no case", "not here", "error"):
             lines[-1] += f" ({r.note})"
             continue
+        if r.cited:
+            lines.append(f"    evidence: {r.cited}")
+        lines.append(f"    case: {r.note}")
         lines.append(f"    test_schema: {r.test_schema}")
         lines.append(
             "    findings: " + "; ".join(f"{k} {v}" for k, v in r.seen.items())

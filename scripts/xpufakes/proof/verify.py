@@ -256,7 +256,7 @@ def schema_truth(into: SchemaTruth, standins: bool, full: bool = True) -> Schema
     controls (not with --quick: ~3 s of CPU, torch's SchemaCheckMode
     comparing half tensors on a CPU)."""
     findings, cases = schemacases.FINDINGS, schemacases.CASES
-    no_case = schemacases.NO_CASE
+    no_case, cited = schemacases.NO_CASE, schemacases.CITED
     into.standins = standins
     if standins and not full:
         into.skipped = (
@@ -267,7 +267,7 @@ def schema_truth(into: SchemaTruth, standins: bool, full: bool = True) -> Schema
     if not standins:
         into.packages = schemacheck.load_image_packages()
         into.results = schemacheck.run(
-            findings, cases, no_case, "xpu", schemacheck.loaded
+            findings, cases, no_case, "xpu", schemacheck.loaded, cited=cited
         )
         return into
     library, names = define_schema_standins()
@@ -276,7 +276,7 @@ def schema_truth(into: SchemaTruth, standins: bool, full: bool = True) -> Schema
         op: schemacheck.loaded(f"{STANDINS}::{n}_truthful") for op, n in names.items()
     }
     into.results = schemacheck.run(
-        findings, cases, no_case, "cpu", lying.get, absent=NO_STANDIN
+        findings, cases, no_case, "cpu", lying.get, absent=NO_STANDIN, cited=cited
     )
     into.controls = [
         schemacheck.check(op, truthful[op], findings[op], cases[op], "cpu")
