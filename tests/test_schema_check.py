@@ -162,6 +162,12 @@ def test_the_gemm_cases_have_the_shapes_their_kernels_check():
     out, a, b = _args("_xpu_C::fp8_gemm_out")[:3]
     assert a.shape[1] == b.shape[0] and out.shape == (a.shape[0], b.shape[1])
     assert not b.is_contiguous()  # the weight as vLLM passes it: [N, K] transposed
+    # negative control: B made [K, N] and transposed (the old `.t`) does not fit
+    sizes, specs, where = cases.CASES["_xpu_C::fp8_gemm_out"]
+    old = check.make_args(
+        (sizes, [*specs[:2], "fp8e4m3[K,N].t", *specs[3:]], where), "cpu"
+    )
+    assert old[1].shape[1] != old[2].shape[0]
 
 
 # ---------------------------------------------------------------------------
