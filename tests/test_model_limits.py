@@ -185,3 +185,21 @@ def test_the_files_our_series_and_recipes_edit(sources_of, tmp_path):
     made = downstream.add_woq_module(root).relative_to(root).as_posix()
     assert made not in pristine
     assert made in live.edited_by_us(tree.python_sources(root))
+
+
+def test_a_limit_of_a_release_and_every_later_one():
+    """`and_later`: a limit a release brought (0.32.0 removed sequence
+    parallelism) covers every later tree, so that a new pin needs no new
+    entry; never an earlier tree, and without it only its own release."""
+    later = limits.Limit("0.32.0", limits.ANY, "sp", REASON, "no sp", True)
+    assert later.covers("0.32.0", "m", "sp")
+    assert later.covers("0.34.0", "m", "sp")
+    assert later.covers("0.40.1", "m", "sp")
+    assert not later.covers("0.31.0", "m", "sp")  # the control: earlier
+    assert not later.covers("0.34.0", "m", "default")
+    assert not later.covers("", "m", "sp")  # a tree that cannot tell
+    exact = limits.Limit("0.32.0", limits.ANY, "sp", REASON, "no sp")
+    assert exact.covers("0.32.0", "m", "sp")
+    assert not exact.covers("0.34.0", "m", "sp")  # the control: exact only
+    listed = [x for x in limits.load() if x.and_later]
+    assert any(x.covers(releases.newest(), "qwen3_moe", "sp") for x in listed)

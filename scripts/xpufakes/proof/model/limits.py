@@ -30,6 +30,7 @@ from xpufakes.proof.model.report import (
     NOT_FOR_THIS_TREE,
     TREE_LIMIT,
 )
+from xpufakes.trees import pins
 from xpufakes.trees import tree as trees
 
 LIMITS = paths.DATA / "limits.toml"
@@ -43,10 +44,21 @@ class Limit:
     configuration: str  # "default", "sp", or ANY
     reason: str  # exactly as the cell says it: "<Error>: <vLLM's message>"
     why: str  # what it means, for the reader
+    # the tree's release and every later one (a limit a release brought and
+    # no later one took back: a new pin needs no new entry)
+    and_later: bool = False
+
+    def _of_tree(self, tree: str) -> bool:
+        if self.tree == tree:
+            return True
+        if not self.and_later:
+            return False
+        found = pins.split_version(tree)
+        return found is not None and found[0] >= pins.version_tuple(self.tree)
 
     def covers(self, tree: str, model: str, configuration: str) -> bool:
         return (
-            self.tree == tree
+            self._of_tree(tree)
             and self.model in (ANY, model)
             and self.configuration in (ANY, configuration)
         )
@@ -60,6 +72,7 @@ def load(path: Path = LIMITS) -> list[Limit]:
             entry["configuration"],
             entry["reason"],
             " ".join(entry["why"].split()),
+            entry.get("and_later", False),
         )
         for entry in tomllib.loads(path.read_text()).get("limit", [])
     ]
