@@ -66,7 +66,9 @@ def run(name: str, stage: str, root: Path) -> dict[str, dict[str, dict]]:
     seconds = time.monotonic() - start
     assert [m["model"] for m in found] == ALL
     if RECORDING:
-        catalog.record_stage(Path(RECORDING), name, stage, found, seconds)
+        catalog.record_stage(
+            Path(RECORDING), name, stage, found, seconds, TREES.index(name)
+        )
     return {
         m["model"]: {c["configuration"]: c for c in m["configurations"]} for m in found
     } | {"__seconds__": seconds, "__found__": found}

@@ -77,9 +77,15 @@ def cells(found: list[dict]) -> dict[str, dict[str, dict]]:
 
 
 def record_stage(
-    directory: Path, tree: str, stage: str, found: list[dict], seconds: float
+    directory: Path,
+    tree: str,
+    stage: str,
+    found: list[dict],
+    seconds: float,
+    order: int = 0,
 ) -> Path:
-    """One tree's stage of a run, written for `record` to gather."""
+    """One tree's stage of a run, written for `record` to gather (`order`:
+    the tree's place in the tables)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r} (known: {', '.join(STAGES)})")
     directory.mkdir(parents=True, exist_ok=True)
@@ -89,6 +95,7 @@ def record_stage(
         json.dumps(
             {
                 "tree": tree,
+                "order": order,
                 "stage": stage,
                 "seconds": round(seconds, 1),
                 "cells": cells(found),
@@ -100,13 +107,15 @@ def record_stage(
 
 
 def gather(directory: Path, command: str, date: str, commit: str) -> dict:
-    """The run: its date, commit and command, and each tree's stages (in the
-    order of the trees' first appearance as the test names them)."""
+    """The run: its date, commit and command, and each tree's stages (the
+    trees in their recorded order, each tree's stages in STAGES' order)."""
     stages = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
     if not stages:
         raise ValueError(f"{directory}: no stage was recorded")
     trees: dict[str, dict] = {}
-    for stage in sorted(stages, key=lambda s: STAGES.index(s["stage"])):
+    for stage in sorted(
+        stages, key=lambda s: (s.get("order", 0), s["tree"], STAGES.index(s["stage"]))
+    ):
         trees.setdefault(stage["tree"], {})[stage["stage"]] = {
             "seconds": stage["seconds"],
             "cells": stage["cells"],
@@ -171,7 +180,7 @@ def tree_table(name: str, stages: dict) -> str:
     models = list(next(iter(stages.values()))["cells"])
     head = [f"{stage}, {configuration}" for stage, configuration in columns]
     rows = [
-        f"| {name} | " + " | ".join(head) + " |",
+        f"| model ({name}) | " + " | ".join(head) + " |",
         "|---|" + "---|" * len(columns),
     ]
     for model in models:
