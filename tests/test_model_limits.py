@@ -203,3 +203,14 @@ def test_a_limit_of_a_release_and_every_later_one():
     assert not exact.covers(releases.newest(), "m", "sp")  # the control: exact only
     listed = [x for x in limits.load() if x.and_later]
     assert any(x.covers(releases.newest(), "qwen3_moe", "sp") for x in listed)
+
+
+def test_a_cell_not_run_never_shows_a_listed_limit_gone():
+    """A cell the proof did not run (its own limit, an entry for other
+    trees) says nothing of a listed limit; the control: the same cell run
+    and traced reports the limit gone."""
+    for kind in (report.PROOF_LIMIT, report.NOT_FOR_THIS_TREE):
+        cell = _cell(_classified(_found(kind, error="the proof's limit: sp off")))
+        assert cell["result"] == kind and "limit_gone" not in cell, cell
+    traced = _cell(_classified(_found("traced", error="")))
+    assert traced["limit_gone"] == [REASON]

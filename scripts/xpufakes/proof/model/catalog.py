@@ -40,6 +40,8 @@ _CALL = re.compile(r"\(([^()]+)\) at ")
 def word(cell: dict) -> str:
     """A cell in a few words: what the table shows."""
     result = cell["result"]
+    if cell.get("tensor_parallel", 1) > 1:
+        return f"{word(dict(cell, tensor_parallel=1))} (TP={cell['tensor_parallel']})"
     if result == "traced":
         if cell.get("graphs") == 1 and cell.get("graph_breaks") == 0:
             return "traced whole"

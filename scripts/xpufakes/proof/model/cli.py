@@ -62,6 +62,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from xpufakes.proof.model import build as building
 from xpufakes.proof.model import environment, features
 from xpufakes.proof.model import models as model_data
 from xpufakes.proof.model.trace import not_built, trace_one
@@ -99,7 +100,20 @@ def main(argv: list[str]) -> int:
         help="with --plugin: trace each configuration before the plugin's "
         "register() too (the result's without_plugin)",
     )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="build and trace as one of this many processes of a "
+        "tensor-parallel group on gloo (each started with its --rank and the "
+        "same --distributed-init), as vLLM's workers run it",
+    )
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--distributed-init", default="")
     args = parser.parse_args(argv)
+    building.TENSOR_PARALLEL.update(
+        size=args.tensor_parallel_size, rank=args.rank, init=args.distributed_init
+    )
     tree = Path(args.tree).resolve()
     known = model_data.load()
     chosen_models = [known[name] for name in args.model.split(",")]

@@ -28,6 +28,7 @@ from xpufakes.common.errors import Refusal
 from xpufakes.proof.model.report import (
     ERRORS,
     NOT_FOR_THIS_TREE,
+    PROOF_LIMIT,
     TREE_LIMIT,
 )
 from xpufakes.trees import pins
@@ -114,7 +115,9 @@ def classify(
                 for limit in limits
                 if limit.covers(tree, model["model"], cell["configuration"])
             ]
-            if cell["result"] == NOT_FOR_THIS_TREE or not listed:
+            # a cell not run (for other trees; the proof's limit) neither
+            # meets a listed limit nor shows that it no longer happens
+            if cell["result"] in (NOT_FOR_THIS_TREE, PROOF_LIMIT) or not listed:
                 continue
             matched = [limit for limit in listed if limit.reason == cell.get("error")]
             if cell["result"] in ERRORS and matched:

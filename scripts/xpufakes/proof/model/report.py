@@ -60,12 +60,14 @@ def cell(c: dict, short: bool = False) -> str:
         where = (frames or ["?"])[-1]
         return where.rsplit("/", 1)[-1] if short else where
 
+    tp = f" (TP={c['tensor_parallel']})" if c.get("tensor_parallel", 1) > 1 else ""
     if c["result"] == "traced":
         return (
-            f"traced whole, {c['graphs']} graph(s), {c['graph_breaks']} graph break(s)"
+            f"traced whole, {c['graphs']} graph(s), "
+            f"{c['graph_breaks']} graph break(s){tp}"
         )
     if c["result"] == "failed":
-        return f"fails, {_what(c)} at {at(c['where'])}"
+        return f"fails, {_what(c)} at {at(c['where'])}{tp}"
     if c["result"] == "writes lost":
         return f"fails, writes lost: {', '.join(c['dropped'])}"
     if c["result"] == "not built":
@@ -155,6 +157,8 @@ def _cell_lines(c: dict) -> list[str]:
     else:
         custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
         tokens = f"; {c['tokens']} tokens" if c.get("tokens") else ""
+        if c.get("tensor_parallel", 1) > 1:  # runner.in_tensor_parallel
+            tokens += f"; TP={c['tensor_parallel']}, {c['tensor_parallel']} processes"
         said = f"  {c['configuration']} (custom ops: {custom_ops}{tokens}): "
         if c["result"] == "traced":
             lines = [

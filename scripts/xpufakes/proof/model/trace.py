@@ -303,6 +303,14 @@ def trace_one(
         result["ops"] = sorted(
             f"{op} ({note})" if note else op for op, note in functional.items()
         )
+        # the collectives of a tensor-parallel trace (torch's own ops)
+        result["collectives"] = sorted(
+            {
+                ".".join(str(node.target).split(".")[:2])
+                for node in captured[0][1].graph.nodes
+                if str(node.target).startswith("_c10d_functional.")
+            }
+        )
         dropped = sorted(set(called) - set(functional))
         if dropped and result["result"] == "traced":
             # an op that returns nothing and declares no writes is dead
@@ -318,5 +326,6 @@ def trace_one(
             }
     else:
         result["ops"] = []
+    result["tensor_parallel"] = building.TENSOR_PARALLEL["size"]
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
