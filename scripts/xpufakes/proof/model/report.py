@@ -9,7 +9,8 @@ import re
 # what the tree itself cannot run on XPU: a failure whose error a limit of
 # data/limits.toml names exactly (limits.py), excused, not a failure
 TREE_LIMIT = "tree limit"
-# what the proof cannot run (one process: tensor parallelism 1): not a
+# what the proof cannot run (one process: tensor parallelism 1; runner.py
+# traces such a cell again at TP=2, two processes): not a
 # failure, and not proven either; never the tree's
 PROOF_LIMIT = "the proof's limit"
 # an entry for other trees only (models.toml applies_to: llm-scaler's
