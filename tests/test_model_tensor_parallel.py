@@ -14,6 +14,10 @@ its failure (a listed limit of data/limits.toml, or a failure).
   all-reduce in the graph, 1 graph, 0 breaks, both ranks alike;
 * the negative control: the same tree without vLLM's GEMM fakes fails at
   TP=2 at the GEMM (the two processes really trace the model);
+* at TP=2 a tree may still turn it off itself (0.17.0 to 0.31 on XPU,
+  whatever the size: their SP threshold heuristic knows CUDA devices only):
+  that is the tree's, "not built" with vLLM's warning (data/limits.toml
+  lists it; met on intel/llm-scaler's b18beee, 0.21.0), never the proof's;
 * the ranks' results are compared: a rank that disagrees, or a rank that
   writes nothing, is a failure (a stand-in Python plays the ranks: no
   torch).
@@ -124,3 +128,39 @@ def test_the_ranks_must_agree(results, expected, tmp_path, monkeypatch):
         assert cell["error"].startswith("the ranks disagree: rank 0: traced; rank 1:")
     if expected == "not built":
         assert "rank 0 died" in cell["error"], cell
+
+
+def _config(enable_sp: bool, size: int):
+    """A VllmConfig as sp_turned_off reads it: its PassConfig (a dataclass
+    with vLLM's switch) and its tensor parallelism."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    PassConfig = dataclasses.make_dataclass("PassConfig", [("enable_sp", bool)])
+    return SimpleNamespace(
+        compilation_config=SimpleNamespace(pass_config=PassConfig(enable_sp)),
+        parallel_config=SimpleNamespace(tensor_parallel_size=size),
+    )
+
+
+def test_sp_turned_off_at_tp1_is_the_proofs_and_at_tp2_the_trees(monkeypatch):
+    """One process: the proof's limit (never the tree's). Two: the tree
+    turned it off itself (0.17.0+ on XPU: the SP threshold heuristic has
+    no threshold for a non-CUDA device; 0.20.0-0.23.0's XPU platform
+    disables it), "not built" with vLLM's own warning, which
+    data/limits.toml lists like any other limit."""
+    from xpufakes.proof.model import build, trace
+
+    kind, reason = trace.sp_turned_off(_config(False, 1), "sp")
+    assert kind == modelproof.PROOF_LIMIT and "(TP=1)" in reason
+    said = "Feature 'Sequence parallelism' is not yet supported on XPU and will be"
+    monkeypatch.setattr(build, "CONFIG_WARNINGS", ["Unrelated: x", said])
+    kind, reason = trace.sp_turned_off(_config(False, 2), "sp")
+    assert (kind, reason) == ("not built", f"Warning: {said}")
+    # the controls: sp on at TP=2, and the default configuration
+    assert trace.sp_turned_off(_config(True, 2), "sp") == ("", "")
+    assert trace.sp_turned_off(_config(False, 2), "default") == ("", "")
+    monkeypatch.setattr(build, "CONFIG_WARNINGS", [])  # no words: ours, saying so
+    assert trace.sp_turned_off(_config(False, 2), "sp")[1] == (
+        "Warning: the tree's VllmConfig turned enable_sp off at TP=2"
+    )

@@ -7,6 +7,7 @@ inputs of the forward the start-up compiles."""
 
 import importlib
 import json
+import logging
 from pathlib import Path
 
 from xpufakes.proof.model import features
@@ -108,16 +109,36 @@ def configure(model: model_data.Model, directory: Path, configuration: str):
     )
     _rope_theta_as_an_attribute(model_config)
     size = TENSOR_PARALLEL["size"]
-    return VllmConfig(
-        model_config=model_config,
-        device_config=DeviceConfig(device="cpu"),
-        compilation_config=compilation_config(configuration),
-        **(
-            {"parallel_config": ParallelConfig(tensor_parallel_size=size)}
-            if size > 1
-            else {}
-        ),
-    )
+    CONFIG_WARNINGS.clear()
+    kept = _Kept()
+    logger = logging.getLogger("vllm")
+    logger.addHandler(kept)
+    try:
+        return VllmConfig(
+            model_config=model_config,
+            device_config=DeviceConfig(device="cpu"),
+            compilation_config=compilation_config(configuration),
+            **(
+                {"parallel_config": ParallelConfig(tensor_parallel_size=size)}
+                if size > 1
+                else {}
+            ),
+        )
+    finally:
+        logger.removeHandler(kept)
+
+
+# What vLLM warned of while it made the last VllmConfig (configure): its own
+# words where it turns a setting off (sequence parallelism at TP=2: trace.py)
+CONFIG_WARNINGS: list[str] = []
+
+
+class _Kept(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        CONFIG_WARNINGS.append(record.getMessage())
 
 
 def _rope_theta_as_an_attribute(model_config) -> None:

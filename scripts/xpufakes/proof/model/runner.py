@@ -229,7 +229,7 @@ def in_tensor_parallel(
                 + "; ".join(differ),
                 "where": first.get("where", []),
             }
-        cells[(name, configuration)] = first
+        cells[(name, configuration)] = {"tensor_parallel": size} | first
     return cells
 
 
