@@ -190,3 +190,23 @@ def test_the_recorded_run_is_what_the_tree_gives(traced):
         f"{name}: the recorded run (data/catalog_run.json) is not what the "
         "tree gives; `make catalog` records it again: " + "; ".join(differ)
     )
+
+
+def test_the_newest_pins_mla_and_gptq_on_the_xpu_paths(traced):
+    """The newest pin runs MLA on XPU (its Triton MLA backend, inside vLLM's
+    opaque vllm::unified_mla_attention_with_output) and GPTQ on the XPU
+    int4 kernel (AutoGPTQLinearMethod on XPUwNa16LinearKernel); without
+    vLLM's fakes each fails at its own GEMM (fp8, int4)."""
+    name, stages = traced
+    if name != NEWEST:
+        pytest.skip("the newest pin's paths")
+    mla = stages["unpatched"]["deepseek_v2_fp8"]["default"]
+    gptq = stages["unpatched"]["qwen2_gptq"]["default"]
+    assert "vllm::unified_mla_attention_with_output (writes carried)" in mla["ops"]
+    assert "_xpu_C::fp8_gemm_w8a16" in mla["ops"], mla["ops"]
+    assert gptq["methods"]["AutoGPTQLinearMethod"] == 8, gptq["methods"]
+    assert "_xpu_C::int4_gemm_w4a16" in gptq["ops"], gptq["ops"]
+    without = stages["without vLLM's GEMM fakes"]
+    for model, op in (("deepseek_v2_fp8", "fp8"), ("qwen2_gptq", "int4")):
+        said = catalog.word(without[model]["default"])
+        assert said.startswith(f"fails at `_xpu_C.{op}_gemm_w"), said
