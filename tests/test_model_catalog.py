@@ -1,119 +1,212 @@
-"""The whole catalog (data/models.toml, issue 33 items 2 and 6): every model
-traced on a tree of each era, unpatched and patched, in one model process
-per tree. Slow (2 min 34 s on 2 cores, load average ~3), so not in `make test` (which
-runs the representative subset: test_model_trace.py,
-test_model_trace_kernels.py); run it with
+"""The whole catalog (data/models.toml) in `make test`: every model, under
+each configuration, traced on three trees, each stage of a tree in one
+model process (`make audit MODEL=all`'s runner.run_all, its cells classified
+by data/limits.toml), the tree's static part (its stand-in kernels, the
+files our series edits) found once per stage:
 
-    XPUFAKES_CATALOG=1 .venv/bin/python -m pytest -q -p no:cacheprovider \\
-        tests/test_model_catalog.py
+* b6-like (the report's image, rebuilt on 0.14.1: support/downstream.py)
+  and plain 0.14.1 (the IPEX era's pinned release): unpatched, every cell
+  the tree can run fails at an XPU call (the negative control); patched,
+  every one traces whole (1 graph, 0 graph breaks). DeepSeek-V2's MLA is
+  the tree's limit on both stages (data/limits.toml), llm-scaler's
+  sym_int4 entry is not for these trees.
+* the newest pin (releases.newest(), the kernels era): unpatched and
+  patched, every model traces whole (vLLM's own fakes suffice there); the
+  negative control is the tree without vLLM's fp8_gemm_w8a16 /
+  int4_gemm_w4a16 fakes, where every quantized model fails at its GEMM.
+  sp is the tree's limit (0.32.0 removed sequence parallelism: vLLM
+  refuses the setting).
+* every cell takes at most SECONDS to build and trace, and every result is
+  the recorded run's (data/catalog_run.json, from which docs/traced-path.md's
+  tables are written: proof/model/catalog.py): a change of any cell fails
+  here until `make catalog` records it again.
 
-What it holds:
-
-* b6-like tree (the report's image, rebuilt on 0.14.1): unpatched, every
-  model the tree can run fails (the negative control); patched, every one
-  traces whole. DeepSeek-V2's MLA is the tree's limit on both (its XPU
-  platform gives MLA a FlashAttention backend; data/limits.toml), llm-scaler's
-  sym_int4 entry is not for this tree.
-* the newest pin (releases.newest()): unpatched and patched, every model
-  traces whole (vLLM's own fakes suffice there); the negative control is
-  the tree without vLLM's fp8_gemm_w8a16 / int4_gemm_w4a16 fakes, where
-  every quantized model fails. sp is the tree's limit (no sequence
-  parallelism: vLLM refuses the setting).
-* every configuration of every model takes at most 30 s to build and trace.
+The trees run on pytest-xdist's workers side by side (one module-scoped
+fixture per tree: conftest.py groups its tests). Cost: docs/testing.md.
+The real llm-scaler trees stay opt-in (tests/test_llm_scaler_trees.py).
 """
 
 import os
+import time
+from pathlib import Path
 
 import pytest
-from test_model_trace import NO_FAKE, TREE_PYTHON, traces
+from test_model_trace import NO_FAKE, TREE_PYTHON
 from test_model_trace_kernels import without_fakes
 
 from support import downstream, releases, tool
-from xpufakes.proof.model import models
+from xpufakes.proof import audit
+from xpufakes.proof.model import catalog, models, runner
 from xpufakes.proof.model import report as modelproof
+from xpufakes.trees import tree
 
-pytestmark = [
-    pytest.mark.skipif(
-        not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
-    ),
-    pytest.mark.skipif(
-        not os.environ.get("XPUFAKES_CATALOG"),
-        reason="the whole catalog is slow: XPUFAKES_CATALOG=1 runs it",
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
 
 ALL = list(models.load())
-LIMIT_OR_ELSEWHERE = (
-    modelproof.TREE_LIMIT,
-    modelproof.PROOF_LIMIT,
-    modelproof.NOT_FOR_THIS_TREE,
-)
-SECONDS = 30
+ELSEWHERE = (modelproof.TREE_LIMIT, modelproof.NOT_FOR_THIS_TREE)
+# a cell's build and trace, at most (measured: docs/traced-path.md's tables)
+SECONDS = 20
+# `make catalog`: each tree's stages written here, for catalog.py to record
+RECORDING = os.environ.get("XPUFAKES_CATALOG_RECORD", "")
+
+B6 = f"b6-like ({downstream.B6_BASE})"
+IPEX = "0.14.1"
+NEWEST = releases.newest()
+TREES = (B6, IPEX, NEWEST)
 
 
-def every_cell(found: dict):
-    for name, results in found.items():
-        for configuration in ("default", "sp"):
-            yield name, configuration, results[configuration]
+def run(name: str, stage: str, root: Path) -> dict[str, dict[str, dict]]:
+    """Every model of the catalog on the tree, in one process: model ->
+    configuration -> its classified cell (as `make audit MODEL=all`)."""
+    start = time.monotonic()
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    found = runner.run_all(root, ALL, kernels, "default,sp", python=str(TREE_PYTHON))
+    seconds = time.monotonic() - start
+    assert [m["model"] for m in found] == ALL
+    if RECORDING:
+        catalog.record_stage(
+            Path(RECORDING), name, stage, found, seconds, TREES.index(name)
+        )
+    return {
+        m["model"]: {c["configuration"]: c for c in m["configurations"]} for m in found
+    } | {"__seconds__": seconds, "__found__": found}
 
 
-def in_time(found: dict) -> None:
-    for name, configuration, result in every_cell(found):
-        assert result.get("seconds", 0) <= SECONDS, (name, configuration, result)
+@pytest.fixture(scope="module", params=TREES)
+def traced(request, tmp_path_factory) -> tuple[str, dict[str, dict]]:
+    """(tree, stage -> run's result), the stages traced one after another."""
+    name = request.param
+    work = tmp_path_factory.mktemp("catalog")
+    if name == B6:
+        root = downstream.b6_like(work / "tree")
+        unpatched = run(name, "unpatched", root)
+        applied = tool.run("apply", str(root), "--no-proof")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        return name, {"unpatched": unpatched, "patched": run(name, "patched", root)}
+    stages = {
+        "unpatched": run(name, "unpatched", releases.pristine(name)),
+        "patched": run(name, "patched", releases.patched(name)),
+    }
+    if name == NEWEST:
+        stage = "without vLLM's GEMM fakes"
+        stages[stage] = run(name, stage, without_fakes(name, work / "no-fakes"))
+    return name, stages
 
 
-def whole(found: dict) -> None:
-    """Every cell traced whole, or the tree's limit / not for this tree."""
-    for name, configuration, result in every_cell(found):
-        if result["result"] in LIMIT_OR_ELSEWHERE:
+def cells(found: dict):
+    for model in ALL:
+        for configuration, cell in found[model].items():
+            yield model, configuration, cell
+
+
+def test_every_cell_in_time(traced):
+    _, stages = traced
+    for found in stages.values():
+        for model, configuration, cell in cells(found):
+            assert cell.get("seconds", 0) <= SECONDS, (model, configuration, cell)
+
+
+def test_unpatched_the_ipex_era_fails_at_an_xpu_call(traced):
+    """The negative control of the patched stage: on the IPEX era every
+    cell the tree can run fails, at a call Dynamo cannot trace under fake
+    tensors (an op with no fake, a pybind11 function)."""
+    name, stages = traced
+    if name == NEWEST:
+        pytest.skip("the kernels era's negative control: without vLLM's fakes")
+    ran = 0
+    for model, configuration, cell in cells(stages["unpatched"]):
+        if cell["result"] in ELSEWHERE:
             continue
-        assert result["result"] == "traced", (name, configuration, result)
-        assert result["graphs"] == 1 and result["graph_breaks"] == 0, result
+        assert cell["result"] == "failed", (model, configuration, cell)
+        assert catalog.word(cell).startswith("fails at `"), cell
+        ran += 1
+    # every model but MLA (the tree's limit) and sym_int4 (not for it)
+    assert ran == 2 * (len(ALL) - 2), ran
 
 
-def test_the_catalog_on_the_b6_like_tree(tmp_path):
-    root = downstream.b6_like(tmp_path / "tree")
-    before = traces(root, tmp_path, ALL)
-    applied = tool.run("apply", str(root), "--no-proof")
-    assert applied.returncode == 0, applied.stdout + applied.stderr
-    after = traces(root, tmp_path, ALL)
-    for found in (before, after):
-        in_time(found)
-        assert found["deepseek_v2_fp8"]["default"]["result"] == modelproof.TREE_LIMIT
-        assert "'q_lora_rank'" in found["deepseek_v2_fp8"]["default"]["error"]
+def test_patched_every_model_traces_whole(traced):
+    name, stages = traced
+    for stage in ("unpatched", "patched") if name == NEWEST else ("patched",):
+        for model, configuration, cell in cells(stages[stage]):
+            if cell["result"] in ELSEWHERE:
+                continue
+            assert cell["result"] == "traced", (stage, model, configuration, cell)
+            assert cell["graphs"] == 1 and cell["graph_breaks"] == 0, cell
+        assert not any(modelproof.failing(m) for m in stages[stage]["__found__"]), stage
+
+
+def test_the_trees_limits_and_the_entries_for_other_trees(traced):
+    name, stages = traced
+    for found in stages.values():
         sym_int4 = found["qwen3_sym_int4"]["default"]
         assert sym_int4["result"] == modelproof.NOT_FOR_THIS_TREE, sym_int4
-    whole(after)
-    ran = 0
-    for name, configuration, result in every_cell(before):
-        if result["result"] in LIMIT_OR_ELSEWHERE:
+        mla = found["deepseek_v2_fp8"]["default"]
+        if name == NEWEST:
             continue
-        assert result["result"] == "failed", (name, configuration, result)
-        ran += 1
-    assert ran == 2 * (len(ALL) - 2)
+        assert mla["result"] == modelproof.TREE_LIMIT, mla
+        assert "'q_lora_rank'" in mla["error"], mla
+    if name == NEWEST:
+        for stage in ("unpatched", "patched"):
+            for model, configuration, cell in cells(stages[stage]):
+                if configuration == "sp" and model != "qwen3_sym_int4":
+                    assert cell["result"] == modelproof.TREE_LIMIT, (model, cell)
+                    assert "enable_sp Unexpected keyword" in cell["error"], cell
+                elif model != "qwen3_sym_int4":
+                    assert cell["result"] == "traced", (model, cell)
 
 
-def test_the_catalog_on_the_newest_pin(tmp_path):
-    version = releases.newest()
-    pristine = traces(releases.pristine(version), tmp_path, ALL)
-    patched_root = releases.copy_of(version, tmp_path / "patched")
-    applied = tool.run("apply", str(patched_root), "--no-proof")
-    assert applied.returncode == 0, applied.stdout + applied.stderr
-    patched = traces(patched_root, tmp_path, ALL)
-    for found in (pristine, patched):
-        in_time(found)
-        whole(found)
-        for name, _, result in every_cell(found):
-            if name != "qwen3_sym_int4" and result["configuration"] == "sp":
-                assert result["result"] == modelproof.TREE_LIMIT, (name, result)
-        traced = [n for n in ALL if found[n]["default"]["result"] == "traced"]
-        assert traced == [n for n in ALL if n != "qwen3_sym_int4"], traced
-    # the negative control: without vLLM's two GEMM fakes, every quantized
-    # model fails at its GEMM
-    without = traces(without_fakes(version, tmp_path / "no-fakes"), tmp_path, ALL)
-    for name in ALL:
-        result = without[name]["default"]
-        if name == "qwen3_sym_int4":
+def test_the_newest_pin_without_vllms_fakes_fails_at_each_gemm(traced):
+    """The kernels era's negative control: every quantized model fails at
+    its GEMM, which has no fake then."""
+    name, stages = traced
+    if name != NEWEST:
+        pytest.skip("the IPEX era's negative control is its unpatched tree")
+    without = stages["without vLLM's GEMM fakes"]
+    for model in ALL:
+        cell = without[model]["default"]
+        if model == "qwen3_sym_int4":
             continue
-        assert result["result"] == "failed", (name, result)
-        assert result["error"] == NO_FAKE, (name, result)
+        assert cell["result"] == "failed", (model, cell)
+        assert cell["error"] == NO_FAKE, (model, cell)
+        assert "_xpu_C." in catalog.word(cell), cell
+
+
+def test_the_recorded_run_is_what_the_tree_gives(traced):
+    """docs/traced-path.md's tables are written from data/catalog_run.json
+    (tests/test_catalog_tables.py); here that run is checked against the
+    tree: every cell's result and words."""
+    name, stages = traced
+    if RECORDING:
+        pytest.skip("recording this run (make catalog)")
+    recorded = catalog.load()["trees"]
+    assert name in recorded, (
+        f"the recorded run has no tree {name} (`make catalog` records it)"
+    )
+    live = {s: catalog.cells(found["__found__"]) for s, found in stages.items()}
+    differ = catalog.disagreements(live, recorded[name])
+    assert not differ, (
+        f"{name}: the recorded run (data/catalog_run.json) is not what the "
+        "tree gives; `make catalog` records it again: " + "; ".join(differ)
+    )
+
+
+def test_the_newest_pins_mla_and_gptq_on_the_xpu_paths(traced):
+    """The newest pin runs MLA on XPU (its Triton MLA backend, inside vLLM's
+    opaque vllm::unified_mla_attention_with_output) and GPTQ on the XPU
+    int4 kernel (AutoGPTQLinearMethod on XPUwNa16LinearKernel); without
+    vLLM's fakes each fails at its own GEMM (fp8, int4)."""
+    name, stages = traced
+    if name != NEWEST:
+        pytest.skip("the newest pin's paths")
+    mla = stages["unpatched"]["deepseek_v2_fp8"]["default"]
+    gptq = stages["unpatched"]["qwen2_gptq"]["default"]
+    assert "vllm::unified_mla_attention_with_output (writes carried)" in mla["ops"]
+    assert "_xpu_C::fp8_gemm_w8a16" in mla["ops"], mla["ops"]
+    assert gptq["methods"]["AutoGPTQLinearMethod"] == 8, gptq["methods"]
+    assert "_xpu_C::int4_gemm_w4a16" in gptq["ops"], gptq["ops"]
+    without = stages["without vLLM's GEMM fakes"]
+    for model, op in (("deepseek_v2_fp8", "fp8"), ("qwen2_gptq", "int4")):
+        said = catalog.word(without[model]["default"])
+        assert said.startswith(f"fails at `_xpu_C.{op}_gemm_w"), said

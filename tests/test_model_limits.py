@@ -185,3 +185,32 @@ def test_the_files_our_series_and_recipes_edit(sources_of, tmp_path):
     made = downstream.add_woq_module(root).relative_to(root).as_posix()
     assert made not in pristine
     assert made in live.edited_by_us(tree.python_sources(root))
+
+
+def test_a_limit_of_a_release_and_every_later_one():
+    """`and_later`: a limit a release brought (0.32.0 removed sequence
+    parallelism) covers every later tree, so that a new pin needs no new
+    entry; never an earlier tree, and without it only its own release."""
+    later = limits.Limit("0.32.0", limits.ANY, "sp", REASON, "no sp", True)
+    assert later.covers("0.32.0", "m", "sp")
+    assert later.covers(releases.newest(), "m", "sp")
+    assert later.covers(releases.newer_than_every_pin(), "m", "sp")
+    assert not later.covers("0.31.0", "m", "sp")  # the control: earlier
+    assert not later.covers(releases.newest(), "m", "default")
+    assert not later.covers("", "m", "sp")  # a tree that cannot tell
+    exact = limits.Limit("0.32.0", limits.ANY, "sp", REASON, "no sp")
+    assert exact.covers("0.32.0", "m", "sp")
+    assert not exact.covers(releases.newest(), "m", "sp")  # the control: exact only
+    listed = [x for x in limits.load() if x.and_later]
+    assert any(x.covers(releases.newest(), "qwen3_moe", "sp") for x in listed)
+
+
+def test_a_cell_not_run_never_shows_a_listed_limit_gone():
+    """A cell the proof did not run (its own limit, an entry for other
+    trees) says nothing of a listed limit; the control: the same cell run
+    and traced reports the limit gone."""
+    for kind in (report.PROOF_LIMIT, report.NOT_FOR_THIS_TREE):
+        cell = _cell(_classified(_found(kind, error="the proof's limit: sp off")))
+        assert cell["result"] == kind and "limit_gone" not in cell, cell
+    traced = _cell(_classified(_found("traced", error="")))
+    assert traced["limit_gone"] == [REASON]

@@ -87,10 +87,8 @@ def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
             assert f"_xpu_C.{op}" in modelproof.cell(result), result
 
 
-NEWEST = releases.newest()
-# MLA (DeepSeek-V2-Lite: MLA, DeepSeek's YaRN rope, routed + shared experts)
-# and int4 GPTQ (AutoGPTQLinearMethod on XPUwNa16LinearKernel)
-NEWEST_MODELS = ["deepseek_v2_fp8", "qwen2_gptq"]
+# The newest pin's MLA and GPTQ, with and without vLLM's fakes
+# (without_fakes): tests/test_model_catalog.py, which traces every model there.
 
 
 def without_fakes(version: str, destination, guards=FAKE_GUARDS):
@@ -104,33 +102,6 @@ def without_fakes(version: str, destination, guards=FAKE_GUARDS):
         text = text.replace(guard, "if False:")
     ops.write_text(text)
     return root
-
-
-def test_newest_mla_and_gptq_trace_whole_and_fail_without_vllms_fakes(tmp_path):
-    """The newest pin runs MLA on XPU (its Triton MLA backend, inside vLLM's
-    opaque vllm::unified_mla_attention_with_output) and GPTQ on the XPU
-    int4 kernel; it has no sequence parallelism (0.32.0 removed it)."""
-    found = traces(releases.pristine(NEWEST), tmp_path, NEWEST_MODELS)
-    mla, gptq = (found[m]["default"] for m in NEWEST_MODELS)
-    assert mla["result"] == "traced", mla
-    assert "vllm::unified_mla_attention_with_output (writes carried)" in mla["ops"]
-    assert "_xpu_C::fp8_gemm_w8a16" in mla["ops"], mla["ops"]
-    assert gptq["result"] == "traced", gptq
-    assert gptq["methods"]["AutoGPTQLinearMethod"] == 8, gptq["methods"]
-    assert "_xpu_C::int4_gemm_w4a16" in gptq["ops"], gptq["ops"]
-    for model in found.values():  # vLLM refuses the setting: no such switch
-        assert model["sp"]["result"] == modelproof.TREE_LIMIT, model["sp"]
-        assert "pass_config.enable_sp Unexpected keyword" in model["sp"]["error"]
-
-    root = without_fakes(NEWEST, tmp_path / "without-fakes")
-    without = traces(root, tmp_path, NEWEST_MODELS)
-    for model, op in zip(
-        NEWEST_MODELS, ("fp8_gemm_w8a16", "int4_gemm_w4a16"), strict=True
-    ):
-        result = without[model]["default"]
-        assert result["result"] == "failed", result
-        assert result["error"] == NO_FAKE, result
-        assert f"_xpu_C.{op}" in modelproof.cell(result), result
 
 
 def test_the_kernels_c_schemas_are_the_releases():

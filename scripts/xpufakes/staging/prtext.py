@@ -253,6 +253,12 @@ def _model(tree: Path, standins: str, python: str) -> Run:
         f"python -m xpufakes.proof.model.cli <tree> {name} <out> --standins "
         f"{shlex.quote(standins)} --configurations {configurations}"
     )
+    if any(c.get("tensor_parallel", 1) > 1 for c in found["configurations"]):
+        # runner.in_tensor_parallel: what one process could not run
+        command += (
+            "; sp again in two such processes, --tensor-parallel-size 2 "
+            "--rank 0|1 (the tree turns sequence parallelism off at TP=1)"
+        )
     return Run(command, model_report.summary(found))
 
 

@@ -1,12 +1,13 @@
 """A model of the catalog built as vLLM's loader makes it, under one
 configuration: its ModelConfig and VllmConfig (which resolve the custom ops
-and passes of the configuration), the distributed groups (one process on
-gloo, TP=1), the model class the tree names, random weights, vLLM's own
-processing after loading; and the inputs of the forward the start-up
-compiles."""
+and passes of the configuration), the distributed groups (on gloo: one
+process, TP=1, or one of TENSOR_PARALLEL's processes), the model class the
+tree names, random weights, vLLM's own processing after loading; and the
+inputs of the forward the start-up compiles."""
 
 import importlib
 import json
+import logging
 from pathlib import Path
 
 from xpufakes.proof.model import features
@@ -19,6 +20,13 @@ def config_dir(model: model_data.Model, work: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(model.config, indent=2))
     return path
+
+
+# This process's place in the tensor-parallel group the proof runs (cli.py
+# --tensor-parallel-size, --rank, --distributed-init): size 1, or one of the
+# processes of a group on gloo, each building its shard of the model as
+# vLLM's workers do (a tree that turns sequence parallelism off at TP=1)
+TENSOR_PARALLEL = {"size": 1, "rank": 0, "init": ""}
 
 
 def compilation_config(configuration: str):
@@ -84,7 +92,7 @@ def _register(model: model_data.Model) -> None:
 
 
 def configure(model: model_data.Model, directory: Path, configuration: str):
-    from vllm.config import DeviceConfig, ModelConfig, VllmConfig
+    from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 
     _register(model)
     # IPEX's int4 (AWQ, GPTQ) is the deprecated method "ipex" where vLLM has
@@ -100,11 +108,37 @@ def configure(model: model_data.Model, directory: Path, configuration: str):
         **({"allow_deprecated_quantization": True} if allow else {}),
     )
     _rope_theta_as_an_attribute(model_config)
-    return VllmConfig(
-        model_config=model_config,
-        device_config=DeviceConfig(device="cpu"),
-        compilation_config=compilation_config(configuration),
-    )
+    size = TENSOR_PARALLEL["size"]
+    CONFIG_WARNINGS.clear()
+    kept = _Kept()
+    logger = logging.getLogger("vllm")
+    logger.addHandler(kept)
+    try:
+        return VllmConfig(
+            model_config=model_config,
+            device_config=DeviceConfig(device="cpu"),
+            compilation_config=compilation_config(configuration),
+            **(
+                {"parallel_config": ParallelConfig(tensor_parallel_size=size)}
+                if size > 1
+                else {}
+            ),
+        )
+    finally:
+        logger.removeHandler(kept)
+
+
+# What vLLM warned of while it made the last VllmConfig (configure): its own
+# words where it turns a setting off (sequence parallelism at TP=2: trace.py)
+CONFIG_WARNINGS: list[str] = []
+
+
+class _Kept(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        CONFIG_WARNINGS.append(record.getMessage())
 
 
 def _rope_theta_as_an_attribute(model_config) -> None:
@@ -121,27 +155,30 @@ _DISTRIBUTED = []
 
 
 def distributed(vllm_config, work: Path) -> None:
-    """One process, TP=1, on gloo: the environment once per process, the
-    model-parallel groups for each model (0.16.0+ makes the expert-parallel
-    group only for a model with experts, as the current config says)."""
+    """On gloo, one process (TP=1) or this one's place in TENSOR_PARALLEL:
+    the environment once per process, the model-parallel groups for each
+    model (0.16.0+ makes the expert-parallel group only for a model with
+    experts, as the current config says)."""
     from vllm.distributed import (
         init_distributed_environment,
         initialize_model_parallel,
     )
     from vllm.distributed.parallel_state import destroy_model_parallel
 
+    size, rank = TENSOR_PARALLEL["size"], TENSOR_PARALLEL["rank"]
     if not _DISTRIBUTED:
         init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"file://{work / 'distributed'}",
+            world_size=size,
+            rank=rank,
+            local_rank=rank,
+            distributed_init_method=TENSOR_PARALLEL["init"]
+            or f"file://{work / 'distributed'}",
             backend="gloo",
         )
         _DISTRIBUTED.append(True)
     else:
         destroy_model_parallel()
-    initialize_model_parallel(1, 1)
+    initialize_model_parallel(size, 1)
 
 
 def build(model: model_data.Model, vllm_config):

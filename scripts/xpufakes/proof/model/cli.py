@@ -38,7 +38,9 @@ ones); torchvision
 where it cannot be imported (a multimodal model's module imports an image
 processor at module level; the vision path is not run); the device: tensors
 are on the CPU (DeviceConfig "cpu") while vLLM's current platform is its
-XPUPlatform. The distributed groups are one process on gloo (TP=1).
+XPUPlatform. The distributed groups are on gloo: one process (TP=1), or
+one of the processes of a tensor-parallel group (--tensor-parallel-size,
+--rank, --distributed-init: runner.in_tensor_parallel starts them).
 
 Writes a JSON object: the tree, the stand-ins, the set-up's seconds and
 `models`, one entry per model (model, what, configurations: one result per
@@ -49,7 +51,8 @@ with the first line of the error (vLLM's own words), where it was raised
 and every file of the tree it passed through. Whether that is a limit of
 the tree is not decided here: the tool decides it from data (limits.py,
 data/limits.toml). What the proof cannot run in one process (sequence
-parallelism, which a tree turns off at TP=1) is "the proof's limit"; an
+parallelism, which a tree turns off at TP=1) is "the proof's limit" here
+(runner.py traces it again at TP=2); an
 entry for other trees only (models.toml applies_to) is "not for this tree".
 """
 
@@ -62,6 +65,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from xpufakes.proof.model import build as building
 from xpufakes.proof.model import environment, features
 from xpufakes.proof.model import models as model_data
 from xpufakes.proof.model.trace import not_built, trace_one
@@ -99,7 +103,20 @@ def main(argv: list[str]) -> int:
         help="with --plugin: trace each configuration before the plugin's "
         "register() too (the result's without_plugin)",
     )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="build and trace as one of this many processes of a "
+        "tensor-parallel group on gloo (each started with its --rank and the "
+        "same --distributed-init), as vLLM's workers run it",
+    )
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--distributed-init", default="")
     args = parser.parse_args(argv)
+    building.TENSOR_PARALLEL.update(
+        size=args.tensor_parallel_size, rank=args.rank, init=args.distributed_init
+    )
     tree = Path(args.tree).resolve()
     known = model_data.load()
     chosen_models = [known[name] for name in args.model.split(",")]

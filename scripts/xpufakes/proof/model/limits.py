@@ -28,8 +28,10 @@ from xpufakes.common.errors import Refusal
 from xpufakes.proof.model.report import (
     ERRORS,
     NOT_FOR_THIS_TREE,
+    PROOF_LIMIT,
     TREE_LIMIT,
 )
+from xpufakes.trees import pins
 from xpufakes.trees import tree as trees
 
 LIMITS = paths.DATA / "limits.toml"
@@ -43,10 +45,21 @@ class Limit:
     configuration: str  # "default", "sp", or ANY
     reason: str  # exactly as the cell says it: "<Error>: <vLLM's message>"
     why: str  # what it means, for the reader
+    # the tree's release and every later one (a limit a release brought and
+    # no later one took back: a new pin needs no new entry)
+    and_later: bool = False
+
+    def _of_tree(self, tree: str) -> bool:
+        if self.tree == tree:
+            return True
+        if not self.and_later:
+            return False
+        found = pins.split_version(tree)
+        return found is not None and found[0] >= pins.version_tuple(self.tree)
 
     def covers(self, tree: str, model: str, configuration: str) -> bool:
         return (
-            self.tree == tree
+            self._of_tree(tree)
             and self.model in (ANY, model)
             and self.configuration in (ANY, configuration)
         )
@@ -60,6 +73,7 @@ def load(path: Path = LIMITS) -> list[Limit]:
             entry["configuration"],
             entry["reason"],
             " ".join(entry["why"].split()),
+            entry.get("and_later", False),
         )
         for entry in tomllib.loads(path.read_text()).get("limit", [])
     ]
@@ -101,7 +115,9 @@ def classify(
                 for limit in limits
                 if limit.covers(tree, model["model"], cell["configuration"])
             ]
-            if cell["result"] == NOT_FOR_THIS_TREE or not listed:
+            # a cell not run (for other trees; the proof's limit) neither
+            # meets a listed limit nor shows that it no longer happens
+            if cell["result"] in (NOT_FOR_THIS_TREE, PROOF_LIMIT) or not listed:
                 continue
             matched = [limit for limit in listed if limit.reason == cell.get("error")]
             if cell["result"] in ERRORS and matched:

@@ -9,7 +9,8 @@ import re
 # what the tree itself cannot run on XPU: a failure whose error a limit of
 # data/limits.toml names exactly (limits.py), excused, not a failure
 TREE_LIMIT = "tree limit"
-# what the proof cannot run (one process: tensor parallelism 1): not a
+# what the proof cannot run (one process: tensor parallelism 1; runner.py
+# traces such a cell again at TP=2, two processes): not a
 # failure, and not proven either; never the tree's
 PROOF_LIMIT = "the proof's limit"
 # an entry for other trees only (models.toml applies_to: llm-scaler's
@@ -60,12 +61,14 @@ def cell(c: dict, short: bool = False) -> str:
         where = (frames or ["?"])[-1]
         return where.rsplit("/", 1)[-1] if short else where
 
+    tp = f" (TP={c['tensor_parallel']})" if c.get("tensor_parallel", 1) > 1 else ""
     if c["result"] == "traced":
         return (
-            f"traced whole, {c['graphs']} graph(s), {c['graph_breaks']} graph break(s)"
+            f"traced whole, {c['graphs']} graph(s), "
+            f"{c['graph_breaks']} graph break(s){tp}"
         )
     if c["result"] == "failed":
-        return f"fails, {_what(c)} at {at(c['where'])}"
+        return f"fails, {_what(c)} at {at(c['where'])}{tp}"
     if c["result"] == "writes lost":
         return f"fails, writes lost: {', '.join(c['dropped'])}"
     if c["result"] == "not built":
@@ -155,6 +158,8 @@ def _cell_lines(c: dict) -> list[str]:
     else:
         custom_ops = ", ".join(dict.fromkeys(c["custom_ops"]))
         tokens = f"; {c['tokens']} tokens" if c.get("tokens") else ""
+        if c.get("tensor_parallel", 1) > 1:  # runner.in_tensor_parallel
+            tokens += f"; TP={c['tensor_parallel']}, {c['tensor_parallel']} processes"
         said = f"  {c['configuration']} (custom ops: {custom_ops}{tokens}): "
         if c["result"] == "traced":
             lines = [

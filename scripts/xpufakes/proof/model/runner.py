@@ -9,11 +9,12 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from xpufakes.common import isolated, paths
 from xpufakes.common.errors import Refusal
-from xpufakes.proof.model import limits, models, transformers_pin
+from xpufakes.proof.model import limits, models, report, transformers_pin
 
 # `make audit MODEL=all`: every model of data/models.toml
 ALL = "all"
@@ -64,6 +65,7 @@ def run_all(
     python: str = "",
     plugin: Path | None = None,
     transformers: str = "",
+    tensor_parallel: int = 2,
 ) -> list[dict]:
     """The model proof's result for each of the models (its JSON), traced in one
     process with `python` (this one if not given) that sets up once, each
@@ -72,7 +74,9 @@ def run_all(
     with the error; if the process wrote nothing, each is "not built" with
     the end of what it said. `plugin`: the directory this project's vLLM
     plugin is installed in, whose register() runs before the models are
-    built."""
+    built. `tensor_parallel` > 1: the cells the one process could not run
+    (the proof's limit: sequence parallelism, which the tree turns off at
+    TP=1) traced again in that many processes (in_tensor_parallel)."""
     models.configurations(configurations)
     python = python or sys.executable
     env = isolated.env()  # nothing written to the tree
@@ -119,11 +123,135 @@ def run_all(
                 }
                 for name in chosen
             ]
+    if tensor_parallel > 1:
+        again = [
+            m["model"]
+            for m in found
+            if any(c["result"] == report.PROOF_LIMIT for c in m["configurations"])
+        ]
+        if again:
+            at = in_tensor_parallel(
+                root, again, standins, python, env, tensor_parallel, plugin
+            )
+            for model in found:
+                model["configurations"] = [
+                    # what one process said of it, kept
+                    at[key] | {"one_process": c["error"]}
+                    if (key := (model["model"], c["configuration"])) in at
+                    else c
+                    for c in model["configurations"]
+                ]
     for model in found:
         said = venv_missing(model, python)
         if said:
             model["venv"] = said
     return limits.classify_tree(found, root)
+
+
+# a tensor-parallel trace's processes, at most (each imports vLLM, builds
+# and traces its shard: seconds each on 2 cores)
+TENSOR_PARALLEL_SECONDS = 600
+
+
+def in_tensor_parallel(
+    root: Path,
+    chosen: list[str],
+    standins: str,
+    python: str,
+    env: dict[str, str],
+    size: int,
+    plugin: Path | None = None,
+) -> dict[tuple[str, str], dict]:
+    """The cells the proof could not run in one process (report.PROOF_LIMIT:
+    sequence parallelism, which the tree turns off at TP=1) traced as
+    vLLM's workers run them: `size` processes of a tensor-parallel group on
+    gloo, each building its shard of each model and tracing it. (model,
+    configuration) -> rank 0's cell, "failed" where another rank's result
+    differs, "not built" where a process wrote nothing."""
+    configuration = "sp"
+    with tempfile.TemporaryDirectory(prefix="xpufakes-tp-") as work:
+        outs = [Path(work) / f"rank{rank}.json" for rank in range(size)]
+        errs = [(Path(work) / f"rank{rank}.err").open("w") for rank in range(size)]
+        command = [python, "-m", "xpufakes.proof.model.cli", str(root)]
+        command += [",".join(chosen)]
+        started = [
+            subprocess.Popen(
+                [*command, str(out), "--standins", standins]
+                + ["--configurations", configuration]
+                + ["--tensor-parallel-size", str(size), "--rank", str(rank)]
+                + ["--distributed-init", f"file://{work}/distributed"]
+                + (["--plugin", str(plugin)] if plugin else []),
+                stdout=subprocess.DEVNULL,
+                # a file: a pipe nobody reads while the ranks run fills up
+                stderr=err,
+                env=env,
+            )
+            for rank, (out, err) in enumerate(zip(outs, errs, strict=True))
+        ]
+        for err in errs:
+            err.close()  # the children have theirs
+        said = _wait_all(started, [Path(err.name) for err in errs])
+        found = [
+            {
+                m["model"]: m["configurations"][0]
+                for m in json.loads(o.read_text())["models"]
+            }
+            if o.is_file()
+            else None
+            for o in outs
+        ]
+    cells = {}
+    for name in chosen:
+        first = found[0] and found[0].get(name)
+        if first is None:
+            cells[(name, configuration)] = {
+                "configuration": configuration,
+                "result": "not built",
+                "error": f"the tensor-parallel trace (TP={size}) wrote nothing: "
+                + said[0],
+                "where": [],
+                "graphs": 0,
+                "graph_breaks": 0,
+                "ops": [],
+                "tensor_parallel": size,
+            }
+            continue
+        others = [f.get(name) if f else None for f in found[1:]]
+        differ = [
+            f"rank {rank}: {(other or {}).get('result', 'no result')}"
+            for rank, other in enumerate(others, 1)
+            if other is None or other["result"] != first["result"]
+        ]
+        if differ:
+            first = first | {
+                "result": "failed",
+                "error": f"the ranks disagree: rank 0: {first['result']}; "
+                + "; ".join(differ),
+                "where": first.get("where", []),
+            }
+        cells[(name, configuration)] = {"tensor_parallel": size} | first
+    return cells
+
+
+def _wait_all(started: list[subprocess.Popen], errs: list[Path]) -> list[str]:
+    """Wait for every process; one that fails leaves the others waiting for
+    it at a collective, so they are stopped then (and all of them after
+    TENSOR_PARALLEL_SECONDS). The end of what each said."""
+    deadline = time.monotonic() + TENSOR_PARALLEL_SECONDS
+    while time.monotonic() < deadline:
+        codes = [process.poll() for process in started]
+        if all(code is not None for code in codes) or any(codes):
+            break
+        time.sleep(0.2)
+    tails = []
+    for process, err in zip(started, errs, strict=True):
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        lines = err.read_text(errors="replace").strip().splitlines()
+        lines = lines or ["(nothing on stderr)"]
+        tails.append(f"exit status {process.returncode}: {lines[-1]}")
+    return tails
 
 
 def venv_missing(found: dict, python: str) -> str:

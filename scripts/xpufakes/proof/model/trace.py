@@ -198,21 +198,34 @@ def _not_run(kind: str, reason: str, start: float) -> dict:
     }
 
 
-def sp_turned_off(vllm_config, configuration: str) -> str:
-    """ "" or the proof's limit: sequence parallelism was asked for and the
-    tree's VllmConfig turned it off again, as it does at tensor parallelism
-    1 (0.16.0+); the proof runs one process. Not the tree's limit: its
-    workers at TP > 1 run it."""
+def sp_turned_off(vllm_config, configuration: str) -> tuple[str, str]:
+    """(kind, reason), ("", "") if sequence parallelism is on where it was
+    asked for. Turned off again at tensor parallelism 1, as 0.16.0+ does:
+    the proof's limit (the tool traces it again at TP=2: runner.py); at
+    TP > 1: the tree's own choice, "not built" with vLLM's words for it
+    (its warning), which data/limits.toml may list."""
     if configuration != "sp":
-        return ""
+        return "", ""
     pass_config = vllm_config.compilation_config.pass_config
     field = features.sp_field(pass_config)
-    if field and not getattr(pass_config, field):
-        return (
+    if not field or getattr(pass_config, field):
+        return "", ""
+    size = vllm_config.parallel_config.tensor_parallel_size
+    if size == 1:
+        return PROOF_LIMIT, (
             f"the tree's VllmConfig turned {field} off: it needs tensor "
             "parallelism > 1, and the proof runs one process (TP=1)"
         )
-    return ""
+    said = [w for w in building.CONFIG_WARNINGS if _ABOUT_SP.search(w)]
+    return "not built", "Warning: " + (
+        said[0].strip().splitlines()[0]
+        if said
+        else f"the tree's VllmConfig turned {field} off at TP={size}"
+    )
+
+
+# vLLM's warnings where it turns sequence parallelism off
+_ABOUT_SP = re.compile(r"sequence parallelism|\bSP\b", re.I)
 
 
 def trace_one(
@@ -246,11 +259,13 @@ def trace_one(
         vllm_config = building.configure(model, directory, configuration)
     except Exception as e:  # noqa: BLE001 - the result
         return {"configuration": configuration} | not_built(e, tree, start)
-    turned_off = sp_turned_off(vllm_config, configuration)
-    if turned_off:
+    kind, turned_off = sp_turned_off(vllm_config, configuration)
+    if kind == PROOF_LIMIT:
         return {"configuration": configuration} | _not_run(
             PROOF_LIMIT, turned_off, start
         )
+    if kind:  # the tree's: at TP > 1 it runs no sequence parallelism
+        return {"configuration": configuration} | _not_run(kind, turned_off, start)
     compilation = vllm_config.compilation_config
     mode = getattr(compilation, "mode", None)
     if mode is None:
@@ -303,6 +318,14 @@ def trace_one(
         result["ops"] = sorted(
             f"{op} ({note})" if note else op for op, note in functional.items()
         )
+        # the collectives of a tensor-parallel trace (torch's own ops)
+        result["collectives"] = sorted(
+            {
+                ".".join(str(node.target).split(".")[:2])
+                for node in captured[0][1].graph.nodes
+                if str(node.target).startswith("_c10d_functional.")
+            }
+        )
         dropped = sorted(set(called) - set(functional))
         if dropped and result["result"] == "traced":
             # an op that returns nothing and declares no writes is dead
@@ -318,5 +341,6 @@ def trace_one(
             }
     else:
         result["ops"] = []
+    result["tensor_parallel"] = building.TENSOR_PARALLEL["size"]
     result["seconds"] = round(time.monotonic() - start, 1)
     return result

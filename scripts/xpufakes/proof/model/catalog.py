@@ -1,0 +1,266 @@
+"""The catalog's recorded run and the docs' per-tree tables made from it
+(no torch).
+
+tests/test_model_catalog.py traces every model of data/models.toml on the
+b6-like tree and on a pinned release of each era, each stage (unpatched,
+patched, ...) in one process; with XPUFAKES_CATALOG_RECORD=<dir> it writes
+each tree's stage there (record_stage). `make catalog` runs it and then
+
+    python -m xpufakes.proof.model.catalog record DIR --command "make catalog"
+
+which keeps the run, with its date, commit and command, in
+data/catalog_run.json and writes the tables into docs/traced-path.md's
+`<!-- catalog:KEY -->` places; `... catalog write` writes them again from
+the recorded run. tests/test_catalog_tables.py checks that the committed
+tables are what the recorded run gives, and the catalog test that the
+recorded run is what the trees give today. No table is written by hand.
+"""
+
+import argparse
+import datetime
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from xpufakes.common import paths
+from xpufakes.proof.model import report
+from xpufakes.trees import pinfacts
+
+RECORD = paths.DATA / "catalog_run.json"
+DOCUMENT = "docs/traced-path.md"
+KIND = "catalog"
+# the stages of a tree, in the tables' order
+STAGES = ("unpatched", "patched", "without vLLM's GEMM fakes")
+# a failure's call, as report.cell says it: "(the call) at"
+_CALL = re.compile(r"\(([^()]+)\) at ")
+
+
+def word(cell: dict) -> str:
+    """A cell in a few words: what the table shows."""
+    result = cell["result"]
+    if cell.get("tensor_parallel", 1) > 1:
+        return f"{word(dict(cell, tensor_parallel=1))} (TP={cell['tensor_parallel']})"
+    if result == "traced":
+        if cell.get("graphs") == 1 and cell.get("graph_breaks") == 0:
+            return "traced whole"
+        return f"traced, {cell.get('graphs')} graphs, {cell.get('graph_breaks')} breaks"
+    if result == "failed":
+        found = _CALL.search(report.cell(cell, short=True))
+        return f"fails at `{found.group(1)}`" if found else f"fails: {cell['error']}"
+    if result == report.TREE_LIMIT:
+        return "the tree's limit"
+    if result == report.PROOF_LIMIT:
+        return "the proof's limit (TP=1)"
+    if result == report.NOT_FOR_THIS_TREE:
+        return "not for this tree"
+    if result == "not built":
+        return f"not built: {cell['error']}"
+    if result == "writes lost":
+        return "writes lost"
+    return "not compiled"
+
+
+def cells(found: list[dict]) -> dict[str, dict[str, dict]]:
+    """The model proof's classified result (runner.run_all, limits.py):
+    model -> configuration -> {result, word, seconds}."""
+    return {
+        model["model"]: {
+            c["configuration"]: {
+                "result": c["result"],
+                "word": word(c),
+                "seconds": c.get("seconds", 0),
+            }
+            for c in model["configurations"]
+        }
+        for model in found
+    }
+
+
+def record_stage(
+    directory: Path,
+    tree: str,
+    stage: str,
+    found: list[dict],
+    seconds: float,
+    order: int = 0,
+) -> Path:
+    """One tree's stage of a run, written for `record` to gather (`order`:
+    the tree's place in the tables)."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r} (known: {', '.join(STAGES)})")
+    directory.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^\w.-]+", "-", f"{tree}-{stage}")
+    path = directory / f"{name}.json"
+    path.write_text(
+        json.dumps(
+            {
+                "tree": tree,
+                "order": order,
+                "stage": stage,
+                "seconds": round(seconds, 1),
+                "cells": cells(found),
+            },
+            indent=1,
+        )
+    )
+    return path
+
+
+def gather(directory: Path, command: str, date: str, commit: str) -> dict:
+    """The run: its date, commit and command, and each tree's stages (the
+    trees in their recorded order, each tree's stages in STAGES' order)."""
+    stages = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+    if not stages:
+        raise ValueError(f"{directory}: no stage was recorded")
+    trees: dict[str, dict] = {}
+    for stage in sorted(
+        stages, key=lambda s: (s.get("order", 0), s["tree"], STAGES.index(s["stage"]))
+    ):
+        trees.setdefault(stage["tree"], {})[stage["stage"]] = {
+            "seconds": stage["seconds"],
+            "cells": stage["cells"],
+        }
+    return {"date": date, "commit": commit, "command": command, "trees": trees}
+
+
+def disagreements(live: dict[str, dict], recorded: dict[str, dict]) -> list[str]:
+    """Where a tree's run today (stage -> cells()) is not its recorded run
+    (stage -> {seconds, cells}): each cell whose result or words differ, and
+    each stage, model or configuration only one of them has (the seconds
+    are the run's, never compared)."""
+    differ = []
+    for stage in sorted(set(live) | set(recorded)):
+        if stage not in live or stage not in recorded:
+            differ.append(f"{stage}: {'not recorded' if stage in live else 'not run'}")
+            continue
+        now, then = live[stage], recorded[stage]["cells"]
+        for model in sorted(set(now) | set(then)):
+            mine, kept = now.get(model, {}), then.get(model, {})
+            for configuration in sorted(set(mine) | set(kept)):
+                a, b = mine.get(configuration), kept.get(configuration)
+                if a is None or b is None:
+                    differ.append(
+                        f"{stage} {model} {configuration}: "
+                        f"{'not recorded' if b is None else 'not run'}"
+                    )
+                elif (a["result"], a["word"]) != (b["result"], b["word"]):
+                    differ.append(
+                        f"{stage} {model} {configuration}: {a['word']} "
+                        f"(recorded: {b['word']})"
+                    )
+    return differ
+
+
+def _counts(stage: dict) -> str:
+    every = [c for model in stage["cells"].values() for c in model.values()]
+    kinds = (
+        ("traced", "traced whole"),
+        (report.TREE_LIMIT, "excused as the tree's limit"),
+        (report.PROOF_LIMIT, "the proof's limit (TP=1)"),
+        (report.NOT_FOR_THIS_TREE, "not for this tree"),
+    )
+    said = []
+    for kind, name in kinds:
+        n = sum(c["result"] == kind for c in every)
+        if n or kind in ("traced", report.TREE_LIMIT):
+            said.append(f"{n} {name}")
+    failed = len(every) - sum(c["result"] in dict(kinds) for c in every)
+    said.append(f"{failed} fail")
+    return f"{len(every)} cells: " + ", ".join(said)
+
+
+def tree_table(name: str, stages: dict) -> str:
+    """One tree's table: a row per model, a column per stage and
+    configuration; then each stage's counts and time."""
+    columns = [
+        (stage, configuration)
+        for stage in stages
+        for configuration in next(iter(stages[stage]["cells"].values()))
+    ]
+    models = list(next(iter(stages.values()))["cells"])
+    head = [f"{stage}, {configuration}" for stage, configuration in columns]
+    rows = [
+        f"| model ({name}) | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for model in models:
+        said = [stages[s]["cells"][model][c]["word"] for s, c in columns]
+        rows.append(f"| `{model}` | " + " | ".join(said) + " |")
+    lines = ["", *rows, ""]
+    for stage, found in stages.items():
+        slowest = max(
+            c["seconds"] for model in found["cells"].values() for c in model.values()
+        )
+        lines.append(
+            f"* {stage}: {_counts(found)}; one process, {found['seconds']} s "
+            f"(the slowest cell {slowest} s)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def facts(recorded: dict) -> dict[str, str]:
+    """KEY -> the text of each `<!-- catalog:KEY -->` place."""
+    tables = "".join(
+        tree_table(name, stages) for name, stages in recorded["trees"].items()
+    )
+    return {
+        "source": f"{recorded['date']}, commit {recorded['commit']}, "
+        f"`{recorded['command']}`",
+        "tables": tables,
+    }
+
+
+def load(path: Path = RECORD) -> dict:
+    return json.loads(path.read_text())
+
+
+def rewrite(text: str, recorded: dict) -> str:
+    return pinfacts.rewrite(text, facts(recorded), KIND)
+
+
+def write(repo: Path = paths.REPO, recorded: dict | None = None) -> bool:
+    """The document's tables from the recorded run; whether it changed."""
+    path = repo / DOCUMENT
+    text = path.read_text()
+    new = rewrite(text, recorded or load())
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+def _commit(repo: Path) -> str:
+    """The commit the run was made at, "+changes" if tracked files differ."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short=9", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return head + ("+changes" if changed else "")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpufakes.proof.model.catalog")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    record = sub.add_parser("record", help="keep a run, then write the tables")
+    record.add_argument("directory", type=Path)
+    record.add_argument("--command", required=True)
+    sub.add_parser("write", help="write the tables from the recorded run")
+    args = parser.parse_args(argv)
+    if args.verb == "record":
+        date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        run = gather(args.directory, args.command, date, _commit(paths.REPO))
+        RECORD.write_text(json.dumps(run, indent=1) + "\n")
+        print(f"catalog: the run kept in {RECORD.relative_to(paths.REPO)}")
+    changed = write()
+    print(f"catalog: {DOCUMENT} {'written' if changed else 'unchanged'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,172 @@
+"""docs/traced-path.md's per-tree tables are written from the catalog's
+recorded run (data/catalog_run.json: its date, commit and command), never
+by hand (proof/model/catalog.py; `make catalog` records a run and writes
+them). tests/test_model_catalog.py checks the recorded run against the
+trees; here, no torch and no tree (well under a second):
+
+* the committed tables are what the recorded run gives; the controls: a
+  cell edited in the document, and a cell changed in the run, each make
+  the two differ;
+* the run says when, at which commit and with which command it was made,
+  and the document says it;
+* a cell's words, the per-stage counts (the excused cells of each tree
+  counted), the gathering of the stages and the comparison of a run with
+  the recorded one, each with a wrong input that they must catch.
+"""
+
+import copy
+import json
+import re
+import subprocess
+
+import pytest
+
+from xpufakes.common import paths
+from xpufakes.proof.model import catalog
+from xpufakes.proof.model import report as modelproof
+
+DOCUMENT = paths.REPO / catalog.DOCUMENT
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return catalog.load()
+
+
+def test_the_committed_tables_are_the_recorded_runs(recorded):
+    text = DOCUMENT.read_text()
+    assert "<!-- catalog:tables -->" in text and "<!-- catalog:source -->" in text
+    assert catalog.rewrite(text, recorded) == text, (
+        f"{catalog.DOCUMENT}'s tables are not the recorded run's: "
+        "`python -m xpufakes.proof.model.catalog write` (or `make catalog`)"
+    )
+    # the control: a cell edited by hand in the document is written back
+    first = next(iter(recorded["trees"]))
+    edited = text.replace("| traced whole |", "| fails at `nothing` |", 1)
+    assert edited != text
+    assert catalog.rewrite(edited, recorded) == text
+    # the control: a cell of the run changed changes the tables
+    changed = copy.deepcopy(recorded)
+    stage = next(iter(changed["trees"][first].values()))
+    cell = next(iter(next(iter(stage["cells"].values())).values()))
+    cell["word"] = "fails at `nothing`"
+    assert catalog.rewrite(text, changed) != text
+
+
+def test_the_run_says_when_where_and_how(recorded):
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", recorded["date"]), recorded["date"]
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+changes)?", recorded["commit"])
+    assert recorded["command"] == "make catalog"
+    source = catalog.facts(recorded)["source"]
+    assert recorded["date"] in source and recorded["commit"] in source
+    assert f"<!-- catalog:source -->{source}<!-- /catalog -->" in DOCUMENT.read_text()
+    commit = recorded["commit"].removesuffix("+changes")
+    known = subprocess.run(
+        ["git", "-C", str(paths.REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
+        capture_output=True,
+    )
+    if known.returncode != 0:  # a shallow clone has no history
+        pytest.skip(f"this checkout does not have commit {commit}")
+    # the control: a run without its date cannot be written
+    with pytest.raises(KeyError):
+        catalog.facts({k: v for k, v in recorded.items() if k != "date"})
+
+
+def test_the_recorded_run_covers_the_catalog(recorded):
+    """Every model of data/models.toml under every configuration, in each
+    stage of each tree; the stages in their order."""
+    from xpufakes.proof.model import models
+
+    every = set(models.load())
+    for tree, stages in recorded["trees"].items():
+        assert list(stages) == [s for s in catalog.STAGES if s in stages], tree
+        for stage, found in stages.items():
+            assert set(found["cells"]) == every, (tree, stage)
+            for cells in found["cells"].values():
+                assert set(cells) == set(models.CONFIGURATIONS), (tree, stage)
+
+
+def _cell(result: str, **more) -> dict:
+    return {"configuration": "default", "result": result} | more
+
+
+def test_a_cells_words():
+    assert catalog.word(_cell("traced", graphs=1, graph_breaks=0)) == "traced whole"
+    # the control: a graph break is never "traced whole"
+    assert catalog.word(_cell("traced", graphs=2, graph_breaks=1)) == (
+        "traced, 2 graphs, 1 breaks"
+    )
+    failed = _cell(
+        "failed",
+        error="Unsupported: Operator does not support running with fake tensors",
+        message="unsupported operator: torch_ipex.fp8_gemm_w8a16.xpu (see ...)",
+        where=["vllm/a.py:1 f", "vllm/model_executor/ipex_quant.py:307 apply"],
+    )
+    assert catalog.word(failed) == "fails at `torch_ipex.fp8_gemm_w8a16.xpu`"
+    # the control: with no call named, the error itself
+    unnamed = dict(failed, message="something else", error="RuntimeError: x")
+    assert catalog.word(unnamed) == "fails: RuntimeError: x"
+    assert catalog.word(_cell(modelproof.TREE_LIMIT)) == "the tree's limit"
+    assert catalog.word(_cell(modelproof.PROOF_LIMIT)) == "the proof's limit (TP=1)"
+    assert catalog.word(_cell("not built", error="ValueError: no")) == (
+        "not built: ValueError: no"
+    )
+
+
+def _found(*results: str) -> list[dict]:
+    return [
+        {
+            "model": "m",
+            "configurations": [
+                dict(
+                    _cell(r, graphs=1, graph_breaks=0, seconds=1.5),
+                    configuration=c,
+                    error="E: e",
+                    where=[],
+                )
+                for r, c in zip(results, ("default", "sp"), strict=False)
+            ],
+        }
+    ]
+
+
+def test_the_stages_gathered_in_order_and_counted(tmp_path):
+    catalog.record_stage(tmp_path, "b", "patched", _found("traced", "traced"), 3, 1)
+    catalog.record_stage(
+        tmp_path, "b", "unpatched", _found("failed", modelproof.TREE_LIMIT), 2, 1
+    )
+    catalog.record_stage(tmp_path, "a", "patched", _found("traced", "traced"), 4, 0)
+    run = catalog.gather(tmp_path, "make catalog", "2026-12-05", "abc1234")
+    assert list(run["trees"]) == ["a", "b"]  # by the trees' order, not names
+    assert list(run["trees"]["b"]) == ["unpatched", "patched"]
+    table = catalog.tree_table("b", run["trees"]["b"])
+    # the excused cells of each tree's stage, counted
+    assert (
+        "* unpatched: 2 cells: 0 traced whole, 1 excused as the tree's limit, "
+        "1 fail; one process, 2 s (the slowest cell 1.5 s)"
+    ) in table
+    assert "* patched: 2 cells: 2 traced whole, 0 excused" in table
+    with pytest.raises(ValueError, match="unknown stage"):  # the control
+        catalog.record_stage(tmp_path, "b", "half-patched", _found("traced"), 1)
+    json.loads(next(tmp_path.glob("a-*.json")).read_text())  # one file a stage
+
+
+def test_a_run_that_differs_from_the_recorded_one_is_named(tmp_path):
+    catalog.record_stage(tmp_path, "t", "patched", _found("traced", "traced"), 3)
+    recorded = catalog.gather(tmp_path, "make catalog", "2026-12-05", "abc1234")
+    same = {"patched": catalog.cells(_found("traced", "traced"))}
+    assert catalog.disagreements(same, recorded["trees"]["t"]) == []
+    # the controls: a cell changed, a stage not recorded, a seconds change
+    # (never compared)
+    broken = {"patched": catalog.cells(_found("traced", "failed"))}
+    broken["patched"]["m"]["sp"]["word"] = "fails at `x`"
+    assert catalog.disagreements(broken, recorded["trees"]["t"]) == [
+        "patched m sp: fails at `x` (recorded: traced whole)"
+    ]
+    extra = same | {"unpatched": same["patched"]}
+    assert catalog.disagreements(extra, recorded["trees"]["t"]) == [
+        "unpatched: not recorded"
+    ]
+    slower = copy.deepcopy(same)
+    slower["patched"]["m"]["sp"]["seconds"] = 99
+    assert catalog.disagreements(slower, recorded["trees"]["t"]) == []
