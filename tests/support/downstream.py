@@ -19,6 +19,9 @@ ones where it is given).
   anchors of ipex_quant.py, so that the pinned series does not apply with
   zero fuzz and the recipe path changes a file the series does not name
   (add_woq_module, change_next_to_the_woq_anchor).
+* ESIMD-like (intel/llm-scaler b18beee's shape, vLLM 0.21.0): calls of the
+  image's ESIMD ops whose schemas hide their writes, through a re-export
+  module, a kept callee and a dropped result (esimd_texts, esimd_like).
 
 Synthetic: no line of llm-scaler's patch is used.
 """
