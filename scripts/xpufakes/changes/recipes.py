@@ -511,9 +511,24 @@ OPAQUE_IMPORT = "import vllm._xpu_opaque_calls  # noqa: F401\n"
 AS_CUSTOM_OP = "vllm._xpu_opaque_calls.as_custom_op"
 
 
+def _package_mark(callee: str) -> str:
+    """What a module that reaches the callee spells: its package (a name it
+    imports), the namespace of a torch op, the extension's `_C`."""
+    parts = callee.split(".")
+    if parts[:2] == ["torch", "ops"]:
+        return parts[2]
+    return parts[1] if parts[0] == "vllm" else parts[0]
+
+
+_PACKAGE_MARKS = tuple({_package_mark(c) for c in OPAQUE_CALLS})
+
+
 def may_call_opaque(text: str) -> bool:
-    """Whether a module's text may call a callee of OPAQUE_CALLS."""
-    return any(name in text for name in _CALLEE_NAMES)
+    """Whether a module's text may use a callee of OPAQUE_CALLS (a cheap
+    necessary condition: its package and its name are in the text)."""
+    return any(m in text for m in _PACKAGE_MARKS) and any(
+        name in text for name in _CALLEE_NAMES
+    )
 
 
 def _scoped_nodes(tree: ast.Module):
