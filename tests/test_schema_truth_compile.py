@@ -121,46 +121,11 @@ def test_a_a_hidden_write_is_lost_compiled_and_the_contract_keeps_it():
 # package, with vLLM's own direct_register_custom_op) and the real recipe
 # output of a tree's code, an ESIMD-like tree's (tests/support/downstream.py),
 # compiled with aot_eager and Inductor. Stubbed: the image's ESIMD package
-# (XPU-only): a stand-in op with the real schema of
-# data/esimd_schemas.toml, whose CPU kernel really writes its output buffer
-# (a block-FP8 GEMM), its fake the image tree's (a new tensor), and the
-# package's wrapper (it returns the op's result). Forked: it registers ops and
-# modules. ~15 s (the vLLM import and the overlay's ops ~8 s, Inductor ~3 s).
+# (XPU-only): support/esimd_standin.py, its block-FP8 GEMM with the real
+# schema, whose CPU kernel really writes its output buffer. Forked: it
+# registers ops and modules. ~15 s (the vLLM import and the overlay's ops
+# ~8 s, Inductor ~3 s).
 # ---------------------------------------------------------------------------
-
-BLOCK_GEMM = "custom_esimd_kernels_vllm::esimd_gemm_fp8_blockscale"
-
-
-def _esimd_standin(ran: list):
-    import sys
-    import types
-
-    from xpufakes.proof.static import schematruth
-
-    data = schematruth.load_data()["esimd"]["b18beee"]
-    lib = torch.library.Library("custom_esimd_kernels_vllm", "DEF")
-    lib.define(data["ops"][BLOCK_GEMM]["schema"])
-
-    def kernel(input, weight, weight_scale, output, block_n, block_k):
-        ran.append(BLOCK_GEMM)
-        n, k = weight.shape
-        scale = weight_scale.repeat_interleave(block_n, 0)[:n]
-        scale = scale.repeat_interleave(block_k, 1)[:, :k]
-        output.copy_((input.float() @ (weight.float() * scale).t()).to(output.dtype))
-        return output
-
-    lib.impl("esimd_gemm_fp8_blockscale", kernel, "CPU")
-    torch.library.register_fake(
-        BLOCK_GEMM,
-        lambda input, weight, weight_scale, output, bn, bk: torch.empty_like(output),
-        lib=lib,
-    )
-    package = types.ModuleType("custom_esimd_kernels_vllm")
-    op = torch.ops.custom_esimd_kernels_vllm.esimd_gemm_fp8_blockscale
-    package.esimd_gemm_fp8_blockscale = lambda *args: op(*args)
-    package.esimd_rms_norm = None  # the other kernel the tree re-exports
-    sys.modules[package.__name__] = package
-    return lib
 
 
 def _overlay_in_vllm():
@@ -199,21 +164,17 @@ def _module(name: str, text: str):
 
 @pytest.mark.forked
 def test_the_fix_compiled_equals_eager_and_the_tree_unpatched_does_not():
-    from support import downstream
+    from support import downstream, esimd_standin
     from xpufakes.changes import recipes
 
     ran: list = []
-    lib = _esimd_standin(ran)  # noqa: F841 - kept alive
+    lib = esimd_standin.define(ran)  # noqa: F841 - kept alive
     calls = _overlay_in_vllm()
     assert calls.CONTRACTS["custom_esimd_kernels_vllm.esimd_gemm_fp8_blockscale"][
         2
     ] == ("output",)
-    torch.manual_seed(0)
-    # N = 320: not a multiple of the 128 block, the case the tree sends to
-    # the ESIMD GEMM at any token count
-    a = torch.randn(2, 256, dtype=torch.float16)
-    b = torch.randn(320, 256).to(torch.float8_e4m3fn)
-    scales = torch.rand(3, 2) + 0.5
+    a, b, scales = esimd_standin.block_inputs()
+    gemm = esimd_standin.BLOCK_GEMM
 
     def results(utils_text: str) -> dict:
         _module("vllm.model_executor.layers.esimd_utils", utils_text)
@@ -236,7 +197,7 @@ def test_the_fix_compiled_equals_eager_and_the_tree_unpatched_does_not():
     # (its call is dead code) and the caller gets the empty buffer
     unpatched = results(downstream.ESIMD_UTILS_TEXT)
     eager, kernels = unpatched["eager"]
-    assert eager.shape == (2, 320) and kernels == [BLOCK_GEMM]
+    assert eager.shape == (2, 320) and kernels == [gemm]
     for backend in ("aot_eager", "inductor"):
         compiled, kernels = unpatched[backend]
         assert kernels == [], backend
@@ -247,5 +208,5 @@ def test_the_fix_compiled_equals_eager_and_the_tree_unpatched_does_not():
     patched = results(patched_text)
     for backend in ("eager", "aot_eager", "inductor"):
         result, kernels = patched[backend]
-        assert kernels == [BLOCK_GEMM], backend
+        assert kernels == [gemm], backend
         assert torch.equal(result, eager), backend
