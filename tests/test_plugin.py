@@ -979,10 +979,27 @@ def test_the_plugin_routes_an_esimd_op_whose_schema_lies(site, monkeypatch):
     eager, eager_ran, compiled, compiled_ran = both()
     assert eager_ran == [esimd_standin.BLOCK_GEMM] and compiled_ran == []
     assert not torch.equal(compiled, eager)
-    _plugin(site, monkeypatch).register()
-    from vllm_xpu_fakes import plugin
+    package = _plugin(site, monkeypatch)
+    from vllm_xpu_fakes import plugin, selfcheck
 
+    unregistered = selfcheck.Report()  # the self-check's negative control
+    selfcheck.lying_ops(unregistered, plugin.state(), plugin)
+    assert unregistered.failures == [
+        f"custom_esimd_kernels_vllm: {callee} not rebound: compiled, what they "
+        "write unmarked may be lost"
+    ]
+    package.register()
     state = plugin.state()
+    report = selfcheck.Report()
+    selfcheck.lying_ops(report, state, plugin)
+    assert report.failures == []
+    assert report.lines == [
+        (
+            "custom_esimd_kernels_vllm ops whose schemas lie",
+            "1 run as vLLM ops: esimd_gemm_fp8_blockscale; 19 of the 20 known are "
+            "not in this package",
+        )
+    ]
     assert callee in state["rebound"], state
     assert {
         f"{utils}.esimd_gemm_fp8_blockscale",
