@@ -183,7 +183,11 @@ def lying_ops(report: Report, state: dict, plugin) -> None:
     contracts' callees of plugin.KERNEL_PACKAGES): each the package has
     must be rebound (compiled, it runs as a vLLM op that declares its
     writes); one it has and that is not rebound is a failure."""
-    contracts = plugin._contracts()
+    try:
+        contracts = plugin._contracts()
+    except Exception as e:  # noqa: BLE001 - said (the rebind step fails too)
+        report.add("ops whose schemas lie", f"not checked ({type(e).__name__}: {e})")
+        return
     for package in plugin.KERNEL_PACKAGES:
         callees = [c for c in contracts if c.split(".")[0] == package]
         label = f"{package} ops whose schemas lie"
