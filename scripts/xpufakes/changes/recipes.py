@@ -651,6 +651,31 @@ def _kept(lines: list[str], expr: ast.expr, callee: str, parent: ast.AST) -> Non
     lines[row] = f"{line[:start]}{AS_CUSTOM_OP}(\n{indent}    {arguments}\n{indent})\n"
 
 
+def _wrapped(lines: list[str], row: int, call: ast.Call, parent: ast.AST) -> None:
+    """A call statement alone on its line that the rewrite made too long,
+    laid out as ruff formats it: its arguments on the next line, or one a
+    line where they do not fit."""
+    line = lines[row]
+    if not (
+        isinstance(parent, ast.Expr)
+        and call.lineno == call.end_lineno
+        and parent.col_offset == call.col_offset
+        and line.rstrip().endswith(")")
+        and line.count("#") == 0
+    ):
+        return
+    indent = line[: len(line) - len(line.lstrip())]
+    opened = line.index("(", len(indent))
+    head, arguments = line[: opened + 1], line[opened + 1 :].rstrip()[:-1]
+    if len(indent) + 4 + len(arguments) <= 88:
+        lines[row] = f"{head}\n{indent}    {arguments}\n{indent})\n"
+        return
+    parts = [ast.unparse(a) for a in call.args]
+    parts += [f"{k.arg}={ast.unparse(k.value)}" for k in call.keywords]
+    each = "".join(f"{indent}    {p},\n" for p in parts)
+    lines[row] = f"{head}\n{each}{indent})\n"
+
+
 def edit_opaque_calls(text: str) -> str:
     """Any file of vllm/: every call of a callee of OPAQUE_CALLS (one Dynamo
     cannot trace, or a kernel op whose schema lies) becomes a call of its
@@ -691,6 +716,8 @@ def edit_opaque_calls(text: str) -> str:
         start, end = _columns(lines[row], expr)
         op = OPAQUE_CALLS[callee]["op"]
         lines[row] = f"{lines[row][:start]}torch.ops.vllm.{op}{lines[row][end:]}"
+        if len(lines[row].rstrip("\n")) > 88:
+            _wrapped(lines, row, called, parent)
     heads = {names.dotted(call.func).split(".")[0] for call, _, _ in sites}
     lines = _lines("".join(lines))  # a kept callee's call may span lines now
     _keep_unused_imports(lines, heads)
@@ -702,19 +729,45 @@ def edit_opaque_calls(text: str) -> str:
 
 
 def _keep_unused_imports(lines: list[str], names: set[str]) -> None:
-    """An import whose name the rewritten calls were the only users of stays
-    (it says what the module needs: `import intel_extension_for_pytorch as
-    ipex` in a try that re-raises), marked for the linter as used."""
+    """An import whose name the rewritten calls were the only users of (in
+    the function it is in, or the module) stays (it says what the module
+    needs: `import intel_extension_for_pytorch as ipex` in a try that
+    re-raises, `from pkg import f` in a try that falls back on ImportError),
+    marked for the linter as used; one that would pass the line length
+    then is laid out as ruff's isort lays it out."""
     tree = ast.parse("".join(lines))
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    scopes: dict[int, ast.AST] = {}  # node -> the innermost function it is in
+    for node in ast.walk(tree):  # outer functions first
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for inner in ast.walk(node):
+                if inner is not node:
+                    scopes[id(inner)] = node
+    used_in: dict[int, set[str]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Import | ast.ImportFrom):
             continue
+        scope = scopes.get(id(node), tree)
+        if id(scope) not in used_in:
+            used_in[id(scope)] = {
+                n.id for n in ast.walk(scope) if isinstance(n, ast.Name)
+            }
         bound = {a.asname or a.name.split(".")[0] for a in node.names}
-        if bound & names and not bound & used and node.lineno == node.end_lineno:
-            row = node.lineno - 1
-            if "noqa" not in lines[row]:
-                lines[row] = lines[row].rstrip("\n") + "  # noqa: F401\n"
+        if not (bound & names) or bound & used_in[id(scope)]:
+            continue
+        row = node.lineno - 1
+        if node.lineno != node.end_lineno or "noqa" in lines[row]:
+            continue
+        marked = lines[row].rstrip("\n") + "  # noqa: F401\n"
+        one = isinstance(node, ast.ImportFrom) and len(node.names) == 1
+        if len(marked) - 1 > 88 and one:
+            indent = lines[row][: len(lines[row]) - len(lines[row].lstrip())]
+            alias = node.names[0]
+            name = alias.name + (f" as {alias.asname}" if alias.asname else "")
+            marked = (
+                f"{indent}from {'.' * node.level}{node.module or ''} import (\n"
+                f"{indent}    {name},  # noqa: F401\n{indent})\n"
+            )
+        lines[row] = marked
 
 
 def _first_party(node: ast.stmt) -> bool:
