@@ -132,6 +132,9 @@ CALLEE_RETURNS = {
     "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_int4_pert": "output",
     "custom_esimd_kernels_vllm.esimd_rms_norm": "output",
     "custom_esimd_kernels_vllm.esimd_rms_norm_gated": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": "output",
+    "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": "q_out",
 }
 
 # IPEX's weight-only-quantized linear module class, whose from_weight()

@@ -344,6 +344,11 @@ def _gaps(truth: "OpTruth", contract: tuple) -> list[str]:
             for x in truth.lies
             if x.kind in ("b", "d")
         ][:1]
+    gaps += [
+        f"`{name}` is marked in the kernel's schema and vllm::{op} does not mark it"
+        for name in truth.facts.schema.marked
+        if name not in mutates
+    ]
     if not mutates and any(x.kind == "c" for x in truth.lies):
         gaps.append(f"(c) vllm::{op} marks nothing")
     return gaps
