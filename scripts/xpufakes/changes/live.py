@@ -180,11 +180,11 @@ def edited_by_us(sources: dict[str, str]) -> set[str]:
 _PATCHED_FILE = re.compile(r"^\+\+\+ b/(\S+)", re.M)
 
 
-def _rewrites_opaque_calls(text: str) -> bool:
-    """Whether the opaque-calls recipe changes a module: it has a use of a
-    callee it rewrites (or refuses to)."""
+def _rewrites_opaque_calls(text: str, only: frozenset[str] | None = None) -> bool:
+    """Whether the opaque-calls recipe (`only` those callees) changes a
+    module: it has a use of a callee it rewrites (or refuses to)."""
     try:
-        return bool(recipes.opaque_references(text))
+        return bool(recipes.opaque_references(text, only))
     except SyntaxError:
         return False
 
@@ -277,12 +277,9 @@ def by_recipe(
     if patches is None:  # the recipe path's own, where a file needs them
         for recipe in recipes.DOWNSTREAM.get(base_pin.era, ()):
             if any(
-                _targets(edit, sources)
-                and any(
-                    _rewrites_opaque_calls(sources[p])
-                    for p, _ in _targets(edit, sources)
-                )
+                _rewrites_opaque_calls(sources[p], recipes.LYING_KERNEL_CALLS)
                 for edit in recipe.edits
+                for p, _ in _targets(edit, sources)
             ):
                 chosen.append(recipe)
                 names = [*names, recipe.name]

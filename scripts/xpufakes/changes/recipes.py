@@ -550,7 +550,7 @@ def _scoped_nodes(tree: ast.Module):
 
 
 def opaque_references(
-    text: str,
+    text: str, only: frozenset[str] | None = None
 ) -> list[tuple[ast.expr, str, ast.AST, ast.Call | None]]:
     """(expression, callee, its parent node, the call of it or None) of every
     use of an OPAQUE_CALLS callee in a module: a call of it, or the callee
@@ -577,7 +577,7 @@ def opaque_references(
         if not name or name.rsplit(".", 1)[-1] not in _CALLEE_NAMES:
             continue
         for qualified in module.qualify_all(name, scope):
-            if qualified in OPAQUE_CALLS:
+            if qualified in OPAQUE_CALLS and (only is None or qualified in only):
                 if isinstance(parent, ast.Call) and parent.func is node:
                     found[id(node)] = (node, qualified, parents[id(parent)], parent)
                 else:
@@ -586,13 +586,15 @@ def opaque_references(
     return sorted(found.values(), key=lambda r: (r[0].lineno, r[0].col_offset))
 
 
-def opaque_call_sites(text: str) -> list[tuple[ast.Call, str, ast.AST]]:
+def opaque_call_sites(
+    text: str, only: frozenset[str] | None = None
+) -> list[tuple[ast.Call, str, ast.AST]]:
     """(call, callee, its parent node) of every call of an OPAQUE_CALLS callee
     in a module, the callee qualified through the module's imports (those of
     the function the call is in first)."""
     return [
         (call, callee, parent)
-        for _, callee, parent, call in opaque_references(text)
+        for _, callee, parent, call in opaque_references(text, only)
         if call is not None
     ]
 
@@ -676,7 +678,7 @@ def _wrapped(lines: list[str], row: int, call: ast.Call, parent: ast.AST) -> Non
     lines[row] = f"{head}\n{each}{indent})\n"
 
 
-def edit_opaque_calls(text: str) -> str:
+def edit_opaque_calls(text: str, only: frozenset[str] | None = None) -> str:
     """Any file of vllm/: every call of a callee of OPAQUE_CALLS (one Dynamo
     cannot trace, or a kernel op whose schema lies) becomes a call of its
     vLLM op, `torch.ops.vllm.<op>(...)` with the same arguments; where the
@@ -686,12 +688,12 @@ def edit_opaque_calls(text: str) -> str:
     A file without such a use is left as it is; a call that cannot be
     rewritten is refused, naming it."""
     try:
-        references = opaque_references(text)
+        references = opaque_references(text, only)
     except SyntaxError:
         return text  # the tree's own error: the proof names its file and line
     if not references:
         return text
-    sites = opaque_call_sites(text)
+    sites = opaque_call_sites(text, only)
     body = _statements(text)
     if sites and not any(
         isinstance(n, ast.Import)
@@ -941,6 +943,25 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
 }
 
 
+# The callees of the kernel ops whose schemas lie (data/schema_contracts.toml)
+LYING_KERNEL_CALLS = frozenset(ops.SCHEMA_CONTRACTS)
+_LYING_NAMES = tuple({c.rsplit(".", 1)[1] for c in LYING_KERNEL_CALLS})
+_LYING_MARKS = tuple({_package_mark(c) for c in LYING_KERNEL_CALLS})
+
+
+def may_call_lying_kernel(text: str) -> bool:
+    """Whether a module's text may use a callee of LYING_KERNEL_CALLS."""
+    return any(m in text for m in _LYING_MARKS) and any(
+        name in text for name in _LYING_NAMES
+    )
+
+
+def edit_lying_kernel_calls(text: str) -> str:
+    """edit_opaque_calls for the callees of the kernel ops whose schemas lie
+    only (a kernels-era tree's other calls are its era's recipes' to fix)."""
+    return edit_opaque_calls(text, LYING_KERNEL_CALLS)
+
+
 # Recipes of the recipe path only (a tree that is not a pinned release's),
 # run after its era's: a kernels-era tree's calls of OPAQUE_CALLS (an image's
 # ESIMD ops whose schemas lie, data/schema_contracts.toml). No pinned release
@@ -951,7 +972,11 @@ DOWNSTREAM: dict[str, tuple[Recipe, ...]] = {
         Recipe(
             name="0002-xpu-run-kernel-calls-as-custom-ops.patch",
             edits=(
-                Edit(OPAQUE_MODULE, edit_opaque_calls, anywhere_if=may_call_opaque),
+                Edit(
+                    OPAQUE_MODULE,
+                    edit_lying_kernel_calls,
+                    anywhere_if=may_call_lying_kernel,
+                ),
             ),
             overlay=(OPAQUE_MODULE, OPAQUE_TREE_TEST),
             header=OPAQUE_HEADER + COMMON_FIELDS,

@@ -109,7 +109,8 @@ def _routed_schema_contracts() -> dict[str, dict]:
     }
 
 
+SCHEMA_CONTRACTS: dict[str, dict] = _routed_schema_contracts()
 ROUTED_CALLS: dict[str, dict] = {
     **tomllib.loads((paths.DATA / "opaque_calls.toml").read_text()),
-    **_routed_schema_contracts(),
+    **SCHEMA_CONTRACTS,
 }
