@@ -258,3 +258,38 @@ def test_pinned_ipex_releases_patched_reach_no_call_dynamo_cannot_trace():
         assert any(f.reached for f in pristine), version
         patched = reach.find(tree.python_sources(releases.patched(version)))
         assert [str(f.site) for f in patched if f.reached] == [], version
+
+
+def test_a_kernel_call_made_too_long_is_laid_out_as_ruff_does():
+    """An image's call whose rewrite passes 88 columns, and its import left
+    for the ImportError it may raise, laid out as ruff formats them (the
+    tree's ruff adds no finding on b18beee: tests/test_llm_scaler_trees.py).
+    Negative control: a call that still fits stays on its line."""
+    text = (
+        "import torch\n\nfrom vllm.logger import init_logger\n\n\n"
+        "def act(x, out, n_gate_up, n_half, total_rows):\n"
+        "    if x.is_contiguous():\n"
+        "        if out.is_contiguous():\n"
+        "            try:\n"
+        "                from custom_esimd_kernels_vllm import "
+        "esimd_moe_gelu_tanh_mul\n"
+        "                esimd_moe_gelu_tanh_mul("
+        "x, out, n_gate_up, n_half, total_rows)\n"
+        "            except ImportError:\n"
+        "                pass\n"
+    )
+    edited = recipes.edit_opaque_calls(text)
+    assert (
+        "                from custom_esimd_kernels_vllm import (\n"
+        "                    esimd_moe_gelu_tanh_mul,  # noqa: F401\n"
+        "                )\n"
+        "                torch.ops.vllm.esimd_moe_gelu_tanh_mul(\n"
+        "                    x, out, n_gate_up, n_half, total_rows\n"
+        "                )\n"
+    ) in edited, edited
+    assert max(len(line) for line in edited.splitlines()) <= 88
+    short = text.replace("n_gate_up, n_half, total_rows", "n, h, t")
+    assert (
+        "                torch.ops.vllm.esimd_moe_gelu_tanh_mul(x, out, n, h, t)\n"
+        in (recipes.edit_opaque_calls(short))
+    )

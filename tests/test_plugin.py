@@ -945,6 +945,76 @@ def test_copies_in_vllms_modules_are_rebound_and_nothing_else(site, monkeypatch)
 
 
 @pytest.mark.forked
+def test_the_plugin_routes_an_esimd_op_whose_schema_lies(site, monkeypatch):
+    """An image's ESIMD GEMM whose schema hides its write (stand-in with the
+    real schema, support/esimd_standin.py), called as the ESIMD-like tree
+    calls it (support/downstream.py: a re-export module, a caller that
+    drops the result). Negative control: compiled (aot_eager), the kernel
+    never runs and the caller gets the empty buffer. After register() the
+    callee and its copies in vLLM's modules are rebound: eager is the
+    original's call, compiled runs the kernel through the vLLM op of the
+    contract (data/schema_contracts.toml) and equals eager."""
+    from support import downstream, esimd_standin
+
+    libraries = _load_release(releases.pristine("0.27.1"), "0.27.1")
+    ran: list = []
+    libraries.append(esimd_standin.define(ran))
+    callee = "custom_esimd_kernels_vllm.esimd_gemm_fp8_blockscale"
+    utils = "vllm.model_executor.layers.esimd_utils"
+    _vllm_module(utils, downstream.ESIMD_UTILS_TEXT)
+    block = _vllm_module("vllm.downstream_block", downstream.ESIMD_BLOCK_TEXT)
+    args = (*esimd_standin.block_inputs(), 128, 128)
+
+    def both():
+        ran.clear()
+        eager = block.apply_block_scaled_mm(*args)
+        eager_ran = ran[:]
+        torch._dynamo.reset()
+        ran.clear()
+        compiled = torch.compile(
+            block.apply_block_scaled_mm, backend="aot_eager", fullgraph=True
+        )(*args)
+        return eager, eager_ran, compiled, ran[:]
+
+    eager, eager_ran, compiled, compiled_ran = both()
+    assert eager_ran == [esimd_standin.BLOCK_GEMM] and compiled_ran == []
+    assert not torch.equal(compiled, eager)
+    package = _plugin(site, monkeypatch)
+    from vllm_xpu_fakes import plugin, selfcheck
+
+    unregistered = selfcheck.Report()  # the self-check's negative control
+    selfcheck.lying_ops(unregistered, plugin.state(), plugin)
+    assert unregistered.failures == [
+        f"custom_esimd_kernels_vllm: {callee} not rebound: compiled, what they "
+        "write unmarked may be lost"
+    ]
+    package.register()
+    state = plugin.state()
+    report = selfcheck.Report()
+    selfcheck.lying_ops(report, state, plugin)
+    assert report.failures == []
+    from xpufakes.common import ops
+
+    known = [c for c in ops.ROUTED_CALLS if c.startswith("custom_esimd_kernels_vllm.")]
+    assert report.lines == [
+        (
+            "custom_esimd_kernels_vllm ops whose schemas lie",
+            "1 run as vLLM ops: esimd_gemm_fp8_blockscale; "
+            f"{len(known) - 1} of the {len(known)} known are not in this package",
+        )
+    ]
+    assert callee in state["rebound"], state
+    assert {
+        f"{utils}.esimd_gemm_fp8_blockscale",
+        "vllm.downstream_block.esimd_gemm_fp8_blockscale",
+    } <= set(state["copies"]), state["copies"]
+    fixed, fixed_ran, compiled, compiled_ran = both()
+    assert torch.equal(fixed, eager) and fixed_ran == [esimd_standin.BLOCK_GEMM]
+    assert compiled_ran == [esimd_standin.BLOCK_GEMM]
+    assert torch.equal(compiled, eager)
+
+
+@pytest.mark.forked
 def test_a_rebound_callee_returns_what_the_original_returns(site, monkeypatch):
     """Eager, every call form of a rebound callee is the original's call:
     the same return (nothing, the written argument, the tuple, a new

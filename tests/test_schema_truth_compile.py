@@ -6,7 +6,9 @@ returned, the caller given the argument the kernel returned) give compiled
 == eager. `-> Tensor(a!)`, the alias declared, is no way out: functionalization
 refuses a custom op whose output has an alias annotation. The stand-ins are
 torch ops of this test's own library (nothing XPU is needed for the
-mechanism); ~5 s."""
+mechanism); ~5 s. Then the fix itself: the generated module and the
+recipe's output, compiled (aot_eager, Inductor) against the tree as it is
+(below; forked, ~15 s)."""
 
 import pytest
 import torch
@@ -111,3 +113,100 @@ def test_a_a_hidden_write_is_lost_compiled_and_the_contract_keeps_it():
     assert compiled.tolist() == [0.0, 0.0, 0.0, 0.0]  # the call was dead code
     eager, compiled = _both(_result_dropped(OPS.contract), _x)
     assert torch.equal(eager, compiled), (eager, compiled)
+
+
+# ---------------------------------------------------------------------------
+# The fix itself (issue 42, item 2), at op level: the real generated
+# vllm/_xpu_opaque_calls.py (the overlay's, loaded into a pinned vLLM's
+# package, with vLLM's own direct_register_custom_op) and the real recipe
+# output of a tree's code, an ESIMD-like tree's (tests/support/downstream.py),
+# compiled with aot_eager and Inductor. Stubbed: the image's ESIMD package
+# (XPU-only): support/esimd_standin.py, its block-FP8 GEMM with the real
+# schema, whose CPU kernel really writes its output buffer. Forked: it
+# registers ops and modules. ~15 s (the vLLM import and the overlay's ops
+# ~8 s, Inductor ~3 s).
+# ---------------------------------------------------------------------------
+
+
+def _overlay_in_vllm():
+    """The overlay's vllm/_xpu_opaque_calls.py as vllm._xpu_opaque_calls of
+    a pinned release's package (its ops registered for the CPU platform)."""
+    import importlib.util
+    import sys
+
+    from support import downstream, releases
+    from xpufakes.changes import recipes
+    from xpufakes.common import paths
+
+    sys.path.insert(0, str(releases.pristine(downstream.ESIMD_BASE)))
+    import vllm
+
+    name = "vllm._xpu_opaque_calls"
+    spec = importlib.util.spec_from_file_location(
+        name, paths.OVERLAY / recipes.OPAQUE_MODULE
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    vllm._xpu_opaque_calls = module
+    return module
+
+
+def _module(name: str, text: str):
+    import sys
+    import types
+
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(text, name, "exec"), module.__dict__)
+    return module
+
+
+@pytest.mark.forked
+def test_the_fix_compiled_equals_eager_and_the_tree_unpatched_does_not():
+    from support import downstream, esimd_standin
+    from xpufakes.changes import recipes
+
+    ran: list = []
+    lib = esimd_standin.define(ran)  # noqa: F841 - kept alive
+    calls = _overlay_in_vllm()
+    assert calls.CONTRACTS["custom_esimd_kernels_vllm.esimd_gemm_fp8_blockscale"][
+        2
+    ] == ("output",)
+    a, b, scales = esimd_standin.block_inputs()
+    gemm = esimd_standin.BLOCK_GEMM
+
+    def results(utils_text: str) -> dict:
+        _module("vllm.model_executor.layers.esimd_utils", utils_text)
+        block = _module("xpu_block_esimd", downstream.ESIMD_BLOCK_TEXT)
+        assert recipes.edit_opaque_calls(downstream.ESIMD_BLOCK_TEXT) == (
+            downstream.ESIMD_BLOCK_TEXT
+        )  # the caller is left as it is: its name comes from esimd_utils
+        ran.clear()
+        found = {"eager": (block.apply_block_scaled_mm(a, b, scales, 128, 128), ran[:])}
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            ran.clear()
+            compiled = torch.compile(
+                block.apply_block_scaled_mm, backend=backend, fullgraph=True
+            )
+            found[backend] = (compiled(a, b, scales, 128, 128), ran[:])
+        return found
+
+    # negative control: the tree as it is: compiled, the kernel never runs
+    # (its call is dead code) and the caller gets the empty buffer
+    unpatched = results(downstream.ESIMD_UTILS_TEXT)
+    eager, kernels = unpatched["eager"]
+    assert eager.shape == (2, 320) and kernels == [gemm]
+    for backend in ("aot_eager", "inductor"):
+        compiled, kernels = unpatched[backend]
+        assert kernels == [], backend
+        assert not torch.equal(compiled, eager), backend
+    # the fix: the recipe's output, the same call through vllm::<op>
+    patched_text = recipes.edit_opaque_calls(downstream.ESIMD_UTILS_TEXT)
+    assert 'as_custom_op(\n        "esimd_gemm_fp8_blockscale"' in patched_text
+    patched = results(patched_text)
+    for backend in ("eager", "aot_eager", "inductor"):
+        result, kernels = patched[backend]
+        assert kernels == [gemm], backend
+        assert torch.equal(result, eager), backend

@@ -15,9 +15,9 @@ fp8_bmm's                                  registered with allow_override: the
 in vllm::ipex_woq_linear where vLLM        .from_weight wrapped for callers in
 makes it                                   vLLM's modules; any other caller gets
                                            IPEX's module as before
-0003: each call Dynamo cannot trace        each callee of the contracts (a
-rewritten to call torch.ops.vllm.<op>      module attribute) rebound to a
-(_xpu_opaque_calls.py)                     function that, while Dynamo traces,
+0003: each call Dynamo cannot trace, or  each callee of the contracts (a
+of a kernel op whose schema lies,          module attribute) rebound to a
+rewritten to call torch.ops.vllm.<op>      function that, while Dynamo traces,
                                            calls the op (whose implementation
                                            calls the original) and otherwise
                                            calls the original itself; copies of
@@ -69,6 +69,9 @@ REGISTERING_MODULES = (
     ("vllm._xpu_ops", "vllm_xpu_kernels"),
     ("vllm._ipex_ops", "intel_extension_for_pytorch"),
 )
+# Kernel packages whose callees the contracts route (an image's ESIMD ops,
+# whose schemas hide their writes), imported by the plugin if installed.
+KERNEL_PACKAGES = ("custom_esimd_kernels_vllm",)
 # A tree patched by the series has this module (make apply).
 PATCHED_MODULE = "vllm._xpu_gemm_fakes"
 # The modules whose copies of a callee the sweep rebinds, and whose calls of
@@ -109,6 +112,29 @@ CALLEE_RETURNS = {
     "torch.ops.torch_ipex.rms_norm_vllm": "",
     "torch.ops.torch_ipex.fused_add_rms_norm_vllm": "",
     "torch.ops.torch_ipex.rotary_embedding": "",
+    "custom_esimd_kernels_vllm.esimd_fused_add_rms_norm": "hidden_states",
+    "custom_esimd_kernels_vllm.esimd_fused_add_rms_norm_batched": "hidden_states",
+    "custom_esimd_kernels_vllm.esimd_fused_scaled_add_rms_norm": "hidden_states",
+    "custom_esimd_kernels_vllm.esimd_gemm_fp8_blockscale": "output",
+    "custom_esimd_kernels_vllm.esimd_gemm_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_gemm_int4_pgrp": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp16": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_pert_fused2": "o0",
+    "custom_esimd_kernels_vllm.esimd_gemv_int4": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_int4_fused2": "o0",
+    "custom_esimd_kernels_vllm.esimd_moe_gelu_tanh_mul": "output",
+    "custom_esimd_kernels_vllm.esimd_norm_add_norm": "",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_int4_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_norm_fp16": "",
+    "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_int4_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_rms_norm": "output",
+    "custom_esimd_kernels_vllm.esimd_rms_norm_gated": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": "output",
+    "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": "q_out",
 }
 
 # IPEX's weight-only-quantized linear module class, whose from_weight()
@@ -582,7 +608,22 @@ class _ReboundOp:
         return getattr(self.__dict__[MARK], name)
 
 
+def _import_kernel_packages() -> None:
+    """Import the kernel packages whose callees the contracts route and that
+    vLLM imports late (a model's module does): their callees are rebound
+    before vLLM's modules copy them (`f = _esimd.f`). A package that is
+    not installed is left alone; one that fails to import is said."""
+    for package in KERNEL_PACKAGES:
+        if package in sys.modules or not _present(package):
+            continue
+        try:
+            importlib.import_module(package)
+        except Exception as e:  # noqa: BLE001 - said, the rest goes on
+            _differs(f"{package} cannot be imported ({type(e).__name__}: {e})")
+
+
 def _rebind_untraceable_calls(journal: _Journal) -> str:
+    _import_kernel_packages()
     contracts = {
         name: contract
         for name, contract in _contracts().items()

@@ -166,6 +166,8 @@ def check() -> Report:
         if state["copies"]
         else "none",
     )
+    if called and platform_ok and not why_not:
+        lying_ops(report, state, plugin)
     if state["rebound"]:
         _unreached(report, plugin)
     for differs in state["differs"]:
@@ -174,6 +176,50 @@ def check() -> Report:
         report.add("register()", f"{state['seconds']:.3f} s (its last call)")
     _cache(report, here)
     return report
+
+
+def lying_ops(report: Report, state: dict, plugin) -> None:
+    """The image's kernel ops whose schemas hide what they write (the
+    contracts' callees of plugin.KERNEL_PACKAGES): each the package has
+    must be rebound (compiled, it runs as a vLLM op that declares its
+    writes); one it has and that is not rebound is a failure."""
+    try:
+        contracts = plugin._contracts()
+    except Exception as e:  # noqa: BLE001 - said (the rebind step fails too)
+        report.add("ops whose schemas lie", f"not checked ({type(e).__name__}: {e})")
+        return
+    for package in plugin.KERNEL_PACKAGES:
+        callees = [c for c in contracts if c.split(".")[0] == package]
+        label = f"{package} ops whose schemas lie"
+        if not callees:
+            continue
+        if not _present(package):
+            report.add(label, f"{len(callees)} known; not installed here")
+            continue
+        try:
+            importlib.import_module(package)
+        except Exception as e:  # noqa: BLE001 - said
+            report.failures.append(f"{package} cannot be imported: {e}")
+            continue
+        has = [c for c in callees if plugin._live(c) is not None]
+        rebound = [c for c in has if c in state["rebound"]]
+        left = [c for c in has if c not in state["rebound"]]
+        report.add(
+            label,
+            f"{len(rebound)} run as vLLM ops"
+            + (
+                f": {', '.join(c.rpartition('.')[2] for c in rebound)}"
+                if rebound
+                else ""
+            )
+            + f"; {len(callees) - len(has)} of the {len(callees)} known are not in "
+            "this package",
+        )
+        if left:
+            report.failures.append(
+                f"{package}: {', '.join(left)} not rebound: compiled, what they "
+                "write unmarked may be lost"
+            )
 
 
 def _version(distribution: str) -> str:

@@ -19,6 +19,9 @@ ones where it is given).
   anchors of ipex_quant.py, so that the pinned series does not apply with
   zero fuzz and the recipe path changes a file the series does not name
   (add_woq_module, change_next_to_the_woq_anchor).
+* ESIMD-like (intel/llm-scaler b18beee's shape, vLLM 0.21.0): calls of the
+  image's ESIMD ops whose schemas hide their writes, through a re-export
+  module, a kept callee and a dropped result (esimd_texts, esimd_like).
 
 Synthetic: no line of llm-scaler's patch is used.
 """
@@ -174,3 +177,122 @@ def change_next_to_the_woq_anchor(root: Path) -> None:
             1,
         )
     )
+
+
+# The ESIMD-like tree (intel/llm-scaler b18beee's shape, vLLM 0.21.0): the
+# image's `custom_esimd_kernels_vllm` ops, whose schemas hide what they
+# write (`esimd_rms_norm(Tensor input, Tensor output, ...) -> Tensor` writes
+# and returns `output`), called through a re-export module (esimd_utils's
+# `f = _esimd.f`), a function's own import kept on `self` (`self._op = f`),
+# and a call that drops the result and reads the buffer after. The schemas
+# are data/esimd_schemas.toml's (b18beee, the newest: this tree's release
+# is not an image's, which schema truth says as a warning).
+
+ESIMD_BASE = "0.27.1"  # a kernels-era release in make test's set
+ESIMD_UTILS = "vllm/model_executor/layers/esimd_utils.py"
+ESIMD_BLOCK = f"{QUANTIZATION}/utils/xpu_block_esimd.py"
+ESIMD_LAYERNORM = "vllm/model_executor/layers/layernorm.py"
+
+ESIMD_UTILS_TEXT = '''\
+"""A handle on the image's ESIMD kernel package (downstream-like)."""
+
+import os
+
+try:
+    import custom_esimd_kernels_vllm as _esimd
+
+    ESIMD_AVAILABLE = True
+except ImportError:
+    _esimd = None
+    ESIMD_AVAILABLE = False
+
+DISABLE_ESIMD_NORM = os.environ.get("DISABLE_ESIMD_NORM", "0") == "1"
+
+if ESIMD_AVAILABLE:
+    esimd_rms_norm = _esimd.esimd_rms_norm
+    esimd_gemm_fp8_blockscale = _esimd.esimd_gemm_fp8_blockscale
+else:
+    esimd_rms_norm = None
+    esimd_gemm_fp8_blockscale = None
+'''
+
+ESIMD_BLOCK_TEXT = '''\
+"""Block-FP8 (128x128) linear through the ESIMD GEMM (downstream-like)."""
+
+import torch
+
+from vllm.model_executor.layers.esimd_utils import esimd_gemm_fp8_blockscale
+
+
+def apply_block_scaled_mm(A16, B, Bs, block_n: int, block_k: int) -> torch.Tensor:
+    M, N = A16.shape[0], B.shape[0]
+    Bs32 = Bs.to(torch.float32).contiguous()
+    out = torch.empty(M, N, dtype=torch.float16, device=A16.device)
+    esimd_gemm_fp8_blockscale(A16, B, Bs32, out, block_n, block_k)
+    return out
+'''
+
+ESIMD_NORM_XPU = """\
+    def forward_xpu(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return self.forward_cuda(x, residual)
+"""
+ESIMD_NORM_XPU_DOWNSTREAM = """\
+    def forward_xpu(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None and x.shape[0] == 1 and esimd_rms_norm is not None:
+            out = torch.empty_like(x)
+            esimd_rms_norm(x, out, self.weight.data, self.variance_epsilon)
+            return out
+        if residual is not None and x.shape[0] == 1 and self._add_norm is not None:
+            self._add_norm(x, residual, self.weight.data, self.variance_epsilon)
+            return x, residual
+        return self.forward_cuda(x, residual)
+
+    def _probe_esimd(self) -> None:
+        try:
+            from custom_esimd_kernels_vllm import esimd_fused_add_rms_norm
+
+            self._add_norm = esimd_fused_add_rms_norm
+        except ImportError:
+            self._add_norm = None
+"""
+ESIMD_NORM_INIT = "        self.pass_weight_add = self.has_weight\n"
+ESIMD_NORM_IMPORT = "from vllm.logger import init_logger\n"
+
+
+def esimd_texts(texts: dict[str, str]) -> dict[str, str]:
+    """A release's Python (path -> text) with the ESIMD-like edits."""
+    edited = dict(texts)
+    edited[ESIMD_UTILS] = ESIMD_UTILS_TEXT
+    edited[ESIMD_BLOCK] = ESIMD_BLOCK_TEXT
+    norm = edited[ESIMD_LAYERNORM]
+    for old, new in (
+        (ESIMD_NORM_XPU, ESIMD_NORM_XPU_DOWNSTREAM),
+        (ESIMD_NORM_INIT, ESIMD_NORM_INIT + "        self._probe_esimd()\n"),
+        (
+            ESIMD_NORM_IMPORT,
+            ESIMD_NORM_IMPORT
+            + "from vllm.model_executor.layers.esimd_utils import esimd_rms_norm\n",
+        ),
+    ):
+        assert old in norm, old
+        norm = norm.replace(old, new, 1)
+    edited[ESIMD_LAYERNORM] = norm
+    return edited
+
+
+def esimd_like(root: Path) -> Path:
+    """ESIMD_BASE with the ESIMD-like edits, written to `root`."""
+    releases.copy_of(ESIMD_BASE, root)
+    paths = (ESIMD_UTILS, ESIMD_BLOCK, ESIMD_LAYERNORM)
+    texts = {p: (root / p).read_text() for p in paths if (root / p).is_file()}
+    for path, text in esimd_texts(texts).items():
+        (root / path).write_text(text)
+    return root

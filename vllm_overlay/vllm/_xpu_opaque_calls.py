@@ -20,6 +20,16 @@ start-up when the traced path reaches it: with the custom op on (sequence
 parallelism turns ``+rms_norm`` on by itself; a user's ``custom_ops``), or
 always, where a tree's ``forward_native`` calls its ``forward_xpu``.
 
+And a kernel package's ops whose schemas hide what they write (an image's
+``custom_esimd_kernels_vllm``: ``esimd_gemm_fp8_blockscale(..., Tensor
+output, ...) -> Tensor`` writes ``output`` and returns it, unmarked). A call
+that drops the result and reads ``output`` after is dead code to
+functionalization: compiled, the caller reads the empty buffer. Each runs
+here as a vLLM op that marks what the kernel writes and returns nothing; its
+caller gets the argument the kernel returns, as it is (``CALLEE_RETURNS``).
+Where a tree keeps such a callee to call later (``f = _esimd.f``,
+``self._op = f``), ``as_custom_op`` gives the function to keep.
+
 Each such call becomes a call of one custom op here (``torch.ops.vllm.<op>``,
 registered with ``direct_register_custom_op``). Its implementation calls the
 same callee, looked up when it runs, so the kernel the image ships is the one
@@ -51,7 +61,8 @@ except ImportError:  # vLLM < 0.11.1
 # xpu_ops.h; intel/intel-extension-for-pytorch@v2.8.10+xpu
 # transformers/models/xpu/fusions/activation_fusion.py, mha_fusion.py,
 # csrc/gpu/aten/operators/{Rope,RMSNorm,AddNormFusion,TripleOps}.cpp, and
-# RMSNormVllm.cpp@v2.10.10+xpu.
+# RMSNormVllm.cpp@v2.10.10+xpu; intel/llm-scaler@b18beee
+# vllm/custom-esimd-kernels-vllm/csrc/xpu/ (the ESIMD ops).
 CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
     "vllm._C.ops.rotary_embedding": (
         "xpu_c_rotary_embedding",
@@ -194,6 +205,328 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
         ("query", "key"),
         "",
     ),
+    "custom_esimd_kernels_vllm.esimd_fused_add_rms_norm": (
+        "esimd_fused_add_rms_norm",
+        ("Tensor hidden_states", "Tensor residual", "Tensor weight", "float eps"),
+        ("hidden_states", "residual"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_fused_add_rms_norm_batched": (
+        "esimd_fused_add_rms_norm_batched",
+        ("Tensor hidden_states", "Tensor residual", "Tensor weight", "float eps"),
+        ("hidden_states", "residual"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_fused_scaled_add_rms_norm": (
+        "esimd_fused_scaled_add_rms_norm",
+        (
+            "Tensor hidden_states",
+            "Tensor residual",
+            "Tensor weight",
+            "float eps",
+            "float scalar",
+        ),
+        ("hidden_states", "residual"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemm_fp8_blockscale": (
+        "esimd_gemm_fp8_blockscale",
+        (
+            "Tensor input",
+            "Tensor weight",
+            "Tensor weight_scale",
+            "Tensor output",
+            "int block_n",
+            "int block_k",
+        ),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemm_fp8_pert": (
+        "esimd_gemm_fp8_pert",
+        ("Tensor input", "Tensor weight", "Tensor weight_scale", "Tensor output"),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemm_int4_pgrp": (
+        "esimd_gemm_int4_pgrp",
+        ("Tensor input", "Tensor weight", "Tensor weight_scale", "Tensor output"),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemv_fp16": (
+        "esimd_gemv_fp16",
+        ("Tensor input", "Tensor weight", "Tensor output"),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_pert": (
+        "esimd_gemv_fp8_pert",
+        ("Tensor input", "Tensor weight", "Tensor weight_scale", "Tensor output"),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_pert_fused2": (
+        "esimd_gemv_fp8_pert_fused2",
+        (
+            "Tensor input",
+            "Tensor w0",
+            "Tensor s0",
+            "Tensor o0",
+            "Tensor w1",
+            "Tensor s1",
+            "Tensor o1",
+        ),
+        ("o0",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemv_int4": (
+        "esimd_gemv_int4",
+        ("Tensor input", "Tensor weight", "Tensor weight_scale", "Tensor output"),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gemv_int4_fused2": (
+        "esimd_gemv_int4_fused2",
+        (
+            "Tensor input",
+            "Tensor w0",
+            "Tensor s0",
+            "Tensor o0",
+            "Tensor w1",
+            "Tensor s1",
+            "Tensor o1",
+        ),
+        ("o0",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_moe_gelu_tanh_mul": (
+        "esimd_moe_gelu_tanh_mul",
+        (
+            "Tensor input",
+            "Tensor output",
+            "int N_gate_up",
+            "int N_half",
+            "int total_rows",
+        ),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_norm_add_norm": (
+        "esimd_norm_add_norm",
+        (
+            "Tensor h2_raw",
+            "Tensor h1",
+            "Tensor w1",
+            "Tensor w2",
+            "Tensor out",
+            "float eps1",
+            "float eps2",
+        ),
+        ("h1", "out"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_pert": (
+        "esimd_norm_gemv_fp8_pert",
+        (
+            "Tensor x",
+            "Tensor z",
+            "Tensor norm_weight",
+            "Tensor gemv_weight",
+            "Tensor gemv_scale",
+            "Tensor output",
+            "int HV",
+            "int V",
+            "float eps",
+        ),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_int4_pert": (
+        "esimd_norm_gemv_int4_pert",
+        (
+            "Tensor x",
+            "Tensor z",
+            "Tensor norm_weight",
+            "Tensor gemv_weight",
+            "Tensor gemv_scale",
+            "Tensor output",
+            "int HV",
+            "int V",
+            "float eps",
+        ),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_norm_fp16": (
+        "esimd_norm_gemv_norm_fp16",
+        (
+            "Tensor residual",
+            "Tensor scale_with_root",
+            "Tensor proj_w",
+            "Tensor pre_ff_w",
+            "Tensor router_logits",
+            "Tensor moe_input",
+            "float eps",
+        ),
+        ("router_logits", "moe_input"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_fp8_pert": (
+        "esimd_resadd_norm_gemv_fp8_pert",
+        (
+            "Tensor hidden_states",
+            "Tensor residual",
+            "Tensor norm_weight",
+            "Tensor gemv_weight",
+            "Tensor gemv_scale",
+            "Tensor output",
+            "Tensor normed_out",
+            "float eps",
+        ),
+        ("hidden_states", "residual", "output", "normed_out"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_int4_pert": (
+        "esimd_resadd_norm_gemv_int4_pert",
+        (
+            "Tensor hidden_states",
+            "Tensor residual",
+            "Tensor norm_weight",
+            "Tensor gemv_weight",
+            "Tensor gemv_scale",
+            "Tensor output",
+            "Tensor normed_out",
+            "float eps",
+        ),
+        ("hidden_states", "residual", "output", "normed_out"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_rms_norm": (
+        "esimd_rms_norm",
+        ("Tensor input", "Tensor output", "Tensor weight", "float eps"),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_rms_norm_gated": (
+        "esimd_rms_norm_gated",
+        ("Tensor x", "Tensor z", "Tensor weight", "Tensor output", "float eps"),
+        ("output",),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": (
+        "esimd_gdn_conv_fused",
+        (
+            "Tensor qkvz",
+            "Tensor conv_state",
+            "Tensor conv_weight",
+            "Tensor conv_bias",
+            "Tensor conv_state_indices",
+            "Tensor A_log",
+            "Tensor dt_bias",
+            "Tensor ba",
+            "Tensor ssm_state",
+            "Tensor ssm_state_indices",
+            "Tensor output",
+            "Tensor z_out",
+            "int N",
+            "int H",
+            "int HV",
+            "int K",
+            "int V",
+            "float scale",
+        ),
+        ("conv_state", "ssm_state", "output", "z_out"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": (
+        "esimd_gdn_conv_fused_seq",
+        (
+            "Tensor qkvz",
+            "Tensor conv_state",
+            "Tensor conv_weight",
+            "Tensor conv_bias",
+            "Tensor conv_state_indices",
+            "Tensor A_log",
+            "Tensor dt_bias",
+            "Tensor ba",
+            "Tensor ssm_state",
+            "Tensor ssm_state_indices",
+            "Tensor output",
+            "Tensor z_out",
+            "int N",
+            "int H",
+            "int HV",
+            "int K",
+            "int V",
+            "float scale",
+        ),
+        ("conv_state", "ssm_state", "output", "z_out"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": (
+        "esimd_qkv_split_norm_rope",
+        (
+            "Tensor qkv_state",
+            "Tensor q_out",
+            "Tensor gate_out",
+            "Tensor k_out",
+            "Tensor v_out",
+            "Tensor norm_wq",
+            "Tensor norm_wk",
+            "Tensor positions",
+            "int q_heads",
+            "int kv_heads",
+            "bool attn_output_gate",
+            "int rotary_dim",
+            "Tensor cos_sin_cache",
+        ),
+        ("q_out", "gate_out", "k_out", "v_out"),
+        "",
+    ),
+}
+
+# callee -> what it gives its caller: "" nothing, a parameter's name (that
+# argument, as given), "query, key" (a tuple of them), "result" (its result).
+CALLEE_RETURNS: dict[str, str] = {
+    "vllm._C.ops.rotary_embedding": "",
+    "vllm._C.ops.rms_norm": "",
+    "vllm._C.ops.fused_add_rms_norm": "",
+    "intel_extension_for_pytorch.llm.functional.silu_and_mul": "out",
+    "intel_extension_for_pytorch.llm.functional.gelu_and_mul": "out",
+    "intel_extension_for_pytorch.llm.functional.gelu_quick": "out",
+    "intel_extension_for_pytorch.llm.functional.rotary_embedding_batched": "query, key",
+    "intel_extension_for_pytorch.llm.functional.rms_norm": "result",
+    "intel_extension_for_pytorch.llm.functional.add_rms_norm": "result",
+    "intel_extension_for_pytorch.llm.functional.bgmv_shrink": "",
+    "intel_extension_for_pytorch.llm.functional.bgmv_expand": "",
+    "intel_extension_for_pytorch.llm.functional.bgmv_expand_slice": "",
+    "torch.ops.torch_ipex.rms_norm_vllm": "",
+    "torch.ops.torch_ipex.fused_add_rms_norm_vllm": "",
+    "torch.ops.torch_ipex.rotary_embedding": "",
+    "custom_esimd_kernels_vllm.esimd_fused_add_rms_norm": "hidden_states",
+    "custom_esimd_kernels_vllm.esimd_fused_add_rms_norm_batched": "hidden_states",
+    "custom_esimd_kernels_vllm.esimd_fused_scaled_add_rms_norm": "hidden_states",
+    "custom_esimd_kernels_vllm.esimd_gemm_fp8_blockscale": "output",
+    "custom_esimd_kernels_vllm.esimd_gemm_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_gemm_int4_pgrp": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp16": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_pert_fused2": "o0",
+    "custom_esimd_kernels_vllm.esimd_gemv_int4": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_int4_fused2": "o0",
+    "custom_esimd_kernels_vllm.esimd_moe_gelu_tanh_mul": "output",
+    "custom_esimd_kernels_vllm.esimd_norm_add_norm": "",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_int4_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_norm_fp16": "",
+    "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_fp8_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_int4_pert": "output",
+    "custom_esimd_kernels_vllm.esimd_rms_norm": "output",
+    "custom_esimd_kernels_vllm.esimd_rms_norm_gated": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": "output",
+    "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": "q_out",
 }
 
 _TYPES = {
@@ -278,6 +611,33 @@ def _fake(name: str, returns: str, signature: inspect.Signature) -> Callable:
     fake.__signature__ = signature
     fake.__name__ = f"_{CONTRACTS[name][0]}_fake"
     return fake
+
+
+def as_custom_op(op: str, original: Callable | None) -> Callable | None:
+    """The function a tree keeps in place of a callee of CONTRACTS (its op
+    named): each call is a call of ``torch.ops.vllm.<op>``, whose
+    implementation calls ``original``, and gives the caller what the callee
+    does (CALLEE_RETURNS). None (a package without it) stays None."""
+    if original is None:
+        return None
+    name = next(c for c, contract in CONTRACTS.items() if contract[0] == op)
+    _callees.setdefault(name, original)
+    signature = _signature(CONTRACTS[name][1])
+    returns = CALLEE_RETURNS[name]
+    picked = [] if returns in ("", "result") else returns.split(", ")
+
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        result = getattr(torch.ops.vllm, op)(*bound.arguments.values())
+        if returns == "result":
+            return result
+        given = [bound.arguments[p] for p in picked]
+        return given[0] if len(given) == 1 else tuple(given) or None
+
+    call.__name__ = call.__qualname__ = op
+    call.__doc__ = f"{op} as torch.ops.vllm.{op}"
+    return call
 
 
 def register_opaque_calls() -> None:

@@ -157,7 +157,7 @@ def edited_by_us(sources: dict[str, str]) -> set[str]:
     proof never excuses an error that passed through one of them
     (proof/model/limits.py)."""
     ours = set(recipes.OUR_MODULES)
-    for era in recipes.RECIPES.values():
+    for era in (*recipes.RECIPES.values(), *recipes.DOWNSTREAM.values()):
         for recipe in era:
             ours.update(recipe.overlay)
             for edit in (*recipe.edits, *recipe.mixed_edits):
@@ -180,11 +180,11 @@ def edited_by_us(sources: dict[str, str]) -> set[str]:
 _PATCHED_FILE = re.compile(r"^\+\+\+ b/(\S+)", re.M)
 
 
-def _rewrites_opaque_calls(text: str) -> bool:
-    """Whether the opaque-calls recipe changes a module: it has a call it
-    rewrites (or refuses to)."""
+def _rewrites_opaque_calls(text: str, only: frozenset[str] | None = None) -> bool:
+    """Whether the opaque-calls recipe (`only` those callees) changes a
+    module: it has a use of a callee it rewrites (or refuses to)."""
     try:
-        return bool(recipes.opaque_call_sites(text))
+        return bool(recipes.opaque_references(text, only))
     except SyntaxError:
         return False
 
@@ -274,6 +274,15 @@ def by_recipe(
     chosen = [r for r in era if r.name in names]
     selection.check_depends({r.name: list(r.depends) for r in era}, set(names))
     sources = tree.python_sources(found.root)
+    if patches is None:  # the recipe path's own, where a file needs them
+        for recipe in recipes.DOWNSTREAM.get(base_pin.era, ()):
+            if any(
+                _rewrites_opaque_calls(sources[p], recipes.LYING_KERNEL_CALLS)
+                for edit in recipe.edits
+                for p, _ in _targets(edit, sources)
+            ):
+                chosen.append(recipe)
+                names = [*names, recipe.name]
     mixed = kernels.is_mixed(base_pin.kernels, sources)
     by_patch, before, faults = run_recipes(found.root, chosen, mixed, sources)
     named = " ".join(faults)

@@ -1,5 +1,6 @@
 """The copies of the op facts (data/fakes.toml, data/op_schemas.toml,
-data/opaque_calls.toml), of the newest kernels pin (patches/pins.toml) and
+data/opaque_calls.toml and data/schema_contracts.toml: ops.ROUTED_CALLS),
+of the newest kernels pin (patches/pins.toml) and
 of the catalog's figures (data/models.toml) in files that must stay
 self-contained, written from the data files:
 `make ops`, and `make refresh` once it has written pins.toml.
@@ -30,6 +31,9 @@ from xpufakes.trees import pinfacts, pins
 REFERENCE = "vllm_overlay/tests/kernels/quantization/xpu_gemm_reference.py"
 E2E_STANDINS = "e2e/plugin/xpufakes_e2e_plugin/standins.py"
 PLUGIN = pluginsource.module_source()
+# the module the opaque-calls recipe adds (changes/recipes.py OPAQUE_MODULE),
+# whose CONTRACTS are ops.ROUTED_CALLS'
+OPAQUE_MODULE = "vllm_overlay/vllm/_xpu_opaque_calls.py"
 INPLACE_TEST = "vllm_overlay/in-place/tests/kernels/quantization/test_xpu_gemm_fakes.py"
 DOCUMENTS = ("docs/contributors.md",)
 MARKED = pinfacts.marked("ops")
@@ -79,7 +83,6 @@ def python_values() -> dict[str, dict[str, object]]:
         for op in by_era[pins.KERNELS]
         if pins.version_tuple(op["since"]) > (0, 1, 0)
     )
-    opaque = tomllib.loads((paths.DATA / "opaque_calls.toml").read_text())
     return {
         REFERENCE: {
             "XPU_C_SCHEMAS": {
@@ -108,7 +111,23 @@ def python_values() -> dict[str, dict[str, object]]:
                 for op, wrapper in ops.WRAPPERS.items()
             },
             "CALLEE_RETURNS": {
-                callee: entry["callee_returns"] for callee, entry in opaque.items()
+                callee: entry["callee_returns"]
+                for callee, entry in ops.ROUTED_CALLS.items()
+            },
+        },
+        OPAQUE_MODULE: {
+            "CONTRACTS": {
+                callee: (
+                    entry["op"],
+                    tuple(entry["params"]),
+                    tuple(entry["mutates"]),
+                    entry["returns"],
+                )
+                for callee, entry in ops.ROUTED_CALLS.items()
+            },
+            "CALLEE_RETURNS": {
+                callee: entry["callee_returns"]
+                for callee, entry in ops.ROUTED_CALLS.items()
             },
         },
     }
@@ -248,8 +267,12 @@ def literal(value: object) -> str:
             lines.append(head + "(")
             for v in item:
                 element = f"        {_scalar(v)},"
-                if len(element) <= LINE or not isinstance(v, str):
+                if len(element) <= LINE or not isinstance(v, str | tuple):
                     lines.append(element)
+                elif isinstance(v, tuple):  # one element a line, one level
+                    lines.append("        (")
+                    lines += [f"            {_scalar(x)}," for x in v]
+                    lines.append("        ),")
                 else:
                     lines.extend(_string(v, "        ", "        ", ","))
             lines.append("    ),")

@@ -500,43 +500,103 @@ def edit_woq(text: str) -> str:
     return "".join(lines)
 
 
-# The calls Dynamo cannot trace that a recipe makes traceable: callee ->
-# contract (data/opaque_calls.toml; vllm/_xpu_opaque_calls.py registers one
-# op per callee).
-OPAQUE_CALLS: dict[str, dict] = tomllib.loads(
-    (paths.DATA / "opaque_calls.toml").read_text()
-)
+# The calls a recipe routes through a vLLM op: callee -> contract
+# (ops.ROUTED_CALLS: data/opaque_calls.toml, the calls Dynamo cannot trace,
+# and data/schema_contracts.toml, the kernel calls whose schemas lie;
+# vllm/_xpu_opaque_calls.py registers one op per callee).
+OPAQUE_CALLS: dict[str, dict] = ops.ROUTED_CALLS
 _CALLEE_NAMES = tuple({c.rsplit(".", 1)[1] for c in OPAQUE_CALLS})
 OPAQUE_IMPORT = "import vllm._xpu_opaque_calls  # noqa: F401\n"
+# where a module keeps a callee to call later (`f = _esimd.f`, `self._op = f`)
+AS_CUSTOM_OP = "vllm._xpu_opaque_calls.as_custom_op"
+
+
+def _package_mark(callee: str) -> str:
+    """What a module that reaches the callee spells: its package (a name it
+    imports), the namespace of a torch op, the extension's `_C`."""
+    parts = callee.split(".")
+    if parts[:2] == ["torch", "ops"]:
+        return parts[2]
+    return parts[1] if parts[0] == "vllm" else parts[0]
+
+
+_PACKAGE_MARKS = tuple({_package_mark(c) for c in OPAQUE_CALLS})
 
 
 def may_call_opaque(text: str) -> bool:
-    """Whether a module's text may call a callee of OPAQUE_CALLS."""
-    return any(f"{name}(" in text for name in _CALLEE_NAMES)
+    """Whether a module's text may use a callee of OPAQUE_CALLS (a cheap
+    necessary condition: its package and its name are in the text)."""
+    return any(m in text for m in _PACKAGE_MARKS) and any(
+        name in text for name in _CALLEE_NAMES
+    )
 
 
-def opaque_call_sites(text: str) -> list[tuple[ast.Call, str, ast.AST]]:
-    """(call, callee, its parent node) of every call of an OPAQUE_CALLS callee
-    in a module, the callee qualified through the module's imports (those of
-    the function the call is in first)."""
+def _scoped_nodes(tree: ast.Module):
+    """(node, the qualname of the function it is in, "" at module level)
+    of every node of a module, each once (a nested function's by its own)."""
+    todo: list[tuple[ast.AST, str, str]] = [(tree, "", "")]
+    while todo:
+        node, scope, prefix = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{prefix}{child.name}"
+                todo.append((child, name, f"{name}."))
+                continue
+            if isinstance(child, ast.ClassDef):
+                todo.append((child, scope, f"{prefix}{child.name}."))
+                continue
+            yield child, scope
+            todo.append((child, scope, prefix))
+
+
+def opaque_references(
+    text: str, only: frozenset[str] | None = None
+) -> list[tuple[ast.expr, str, ast.AST, ast.Call | None]]:
+    """(expression, callee, its parent node, the call of it or None) of every
+    use of an OPAQUE_CALLS callee in a module: a call of it, or the callee
+    itself kept to call later (`f = _esimd.f`, `self._op = f`), qualified
+    through the module's imports (those of the function it is in first)."""
     tree = ast.parse(text)
     module = pysource.Module("vllm._edited", "vllm/_edited.py", tree, False)
+    nodes = list(_scoped_nodes(tree))
     parents = {
         id(child): node
         for node in ast.walk(tree)
         for child in ast.iter_child_nodes(node)
     }
-    found: dict[int, tuple[ast.Call, str, ast.AST]] = {}
-    for qual, function in module.functions.items():
-        for call in ast.walk(function):
-            if not isinstance(call, ast.Call) or id(call) in found:
-                continue
-            name = names.dotted(call.func)
-            for qualified in module.qualify_all(name, qual) if name else []:
-                if qualified in OPAQUE_CALLS:
-                    found[id(call)] = (call, qualified, parents[id(call)])
-                    break
-    return sorted(found.values(), key=lambda site: (site[0].lineno, site[0].col_offset))
+    found: dict[int, tuple[ast.expr, str, ast.AST, ast.Call | None]] = {}
+    for node, scope in nodes:
+        if not isinstance(node, ast.Name | ast.Attribute) or not isinstance(
+            node.ctx, ast.Load
+        ):
+            continue
+        parent = parents[id(node)]
+        if isinstance(parent, ast.Attribute):
+            continue  # a part of a longer name
+        name = names.dotted(node)
+        if not name or name.rsplit(".", 1)[-1] not in _CALLEE_NAMES:
+            continue
+        for qualified in module.qualify_all(name, scope):
+            if qualified in OPAQUE_CALLS and (only is None or qualified in only):
+                if isinstance(parent, ast.Call) and parent.func is node:
+                    found[id(node)] = (node, qualified, parents[id(parent)], parent)
+                else:
+                    found[id(node)] = (node, qualified, parent, None)
+                break
+    return sorted(found.values(), key=lambda r: (r[0].lineno, r[0].col_offset))
+
+
+def opaque_call_sites(
+    text: str, only: frozenset[str] | None = None
+) -> list[tuple[ast.Call, str, ast.AST]]:
+    """(call, callee, its parent node) of every call of an OPAQUE_CALLS callee
+    in a module, the callee qualified through the module's imports (those of
+    the function the call is in first)."""
+    return [
+        (call, callee, parent)
+        for _, callee, parent, call in opaque_references(text, only)
+        if call is not None
+    ]
 
 
 def _refuse_site(call: ast.Call, callee: str, parent: ast.AST) -> str | None:
@@ -562,61 +622,154 @@ def _refuse_site(call: ast.Call, callee: str, parent: ast.AST) -> str | None:
     return None
 
 
-def edit_opaque_calls(text: str) -> str:
-    """Any file of vllm/: every call of a callee Dynamo cannot trace
-    (OPAQUE_CALLS) becomes a call of its vLLM op, `torch.ops.vllm.<op>(...)`
-    with the same arguments, and the module imports vllm/_xpu_opaque_calls.py,
-    which registers the ops. A file without such a call is left as it is; a
-    call that cannot be rewritten is refused, naming it."""
+def _columns(line: str, node: ast.AST) -> tuple[int, int]:
+    """A single-line node's character columns in its line."""
+    start = len(line.encode()[: node.col_offset].decode())
+    return start, len(line.encode()[: node.end_col_offset].decode())
+
+
+def _kept(lines: list[str], expr: ast.expr, callee: str, parent: ast.AST) -> None:
+    """A callee kept to call later becomes `as_custom_op("<op>", <it>)` (what
+    it was, when it is None); an assignment of it alone, laid out as ruff
+    formats a call that does not fit the line."""
+    if expr.lineno != expr.end_lineno:
+        raise RecipeRefusal(f"line {expr.lineno}: {callee} spans lines")
+    row = expr.lineno - 1
+    line = lines[row]
+    start, end = _columns(line, expr)
+    op = OPAQUE_CALLS[callee]["op"]
+    arguments = f'"{op}", {line[start:end]}'
+    one = f"{line[:start]}{AS_CUSTOM_OP}({arguments}){line[end:]}"
+    alone = (
+        isinstance(parent, ast.Assign | ast.AnnAssign)
+        and parent.value is expr
+        and parent.lineno == expr.lineno
+        and not line[end:].strip()
+    )
+    if len(one.rstrip("\n")) <= 88 or not alone:
+        lines[row] = one
+        return
+    indent = line[: len(line) - len(line.lstrip())]
+    lines[row] = f"{line[:start]}{AS_CUSTOM_OP}(\n{indent}    {arguments}\n{indent})\n"
+
+
+def _wrapped(lines: list[str], row: int, call: ast.Call, parent: ast.AST) -> None:
+    """A call statement alone on its line that the rewrite made too long,
+    laid out as ruff formats it: its arguments on the next line, or one a
+    line where they do not fit."""
+    line = lines[row]
+    if not (
+        isinstance(parent, ast.Expr)
+        and call.lineno == call.end_lineno
+        and parent.col_offset == call.col_offset
+        and line.rstrip().endswith(")")
+        and line.count("#") == 0
+    ):
+        return
+    indent = line[: len(line) - len(line.lstrip())]
+    opened = line.index("(", len(indent))
+    head, arguments = line[: opened + 1], line[opened + 1 :].rstrip()[:-1]
+    if len(indent) + 4 + len(arguments) <= 88:
+        lines[row] = f"{head}\n{indent}    {arguments}\n{indent})\n"
+        return
+    parts = [ast.unparse(a) for a in call.args]
+    parts += [f"{k.arg}={ast.unparse(k.value)}" for k in call.keywords]
+    each = "".join(f"{indent}    {p},\n" for p in parts)
+    lines[row] = f"{head}\n{each}{indent})\n"
+
+
+def edit_opaque_calls(text: str, only: frozenset[str] | None = None) -> str:
+    """Any file of vllm/: every call of a callee of OPAQUE_CALLS (one Dynamo
+    cannot trace, or a kernel op whose schema lies) becomes a call of its
+    vLLM op, `torch.ops.vllm.<op>(...)` with the same arguments; where the
+    module keeps the callee to call later (`f = _esimd.f`, `self._op = f`),
+    it keeps `as_custom_op("<op>", f)` instead, whose calls are the op's.
+    The module imports vllm/_xpu_opaque_calls.py, which registers the ops.
+    A file without such a use is left as it is; a call that cannot be
+    rewritten is refused, naming it."""
     try:
-        sites = opaque_call_sites(text)
+        references = opaque_references(text, only)
     except SyntaxError:
         return text  # the tree's own error: the proof names its file and line
-    if not sites:
+    if not references:
         return text
+    sites = opaque_call_sites(text, only)
     body = _statements(text)
-    if not any(
+    if sites and not any(
         isinstance(n, ast.Import)
         and any(a.name == "torch" and not a.asname for a in n.names)
         for n in body
     ):
         raise RecipeRefusal("no module-level `import torch`")
     lines = _lines(text)
-    for call, callee, parent in reversed(sites):
+    for call, callee, parent in sites:
         why = _refuse_site(call, callee, parent)
         if why:
             raise RecipeRefusal(
                 f"line {call.lineno}: {callee}(...) cannot become its op's call: {why}"
             )
-        func = call.func
-        if func.lineno != func.end_lineno:
-            raise RecipeRefusal(f"line {call.lineno}: {callee} spans lines")
-        row = func.lineno - 1
-        line = lines[row]
-        start = len(line.encode()[: func.col_offset].decode())
-        end = len(line.encode()[: func.end_col_offset].decode())
+    for expr, callee, parent, called in reversed(references):
+        if called is None:
+            _kept(lines, expr, callee, parent)
+            continue
+        if expr.lineno != expr.end_lineno:
+            raise RecipeRefusal(f"line {expr.lineno}: {callee} spans lines")
+        row = expr.lineno - 1
+        start, end = _columns(lines[row], expr)
         op = OPAQUE_CALLS[callee]["op"]
-        lines[row] = f"{line[:start]}torch.ops.vllm.{op}{line[end:]}"
+        lines[row] = f"{lines[row][:start]}torch.ops.vllm.{op}{lines[row][end:]}"
+        if len(lines[row].rstrip("\n")) > 88:
+            _wrapped(lines, row, called, parent)
     heads = {names.dotted(call.func).split(".")[0] for call, _, _ in sites}
+    lines = _lines("".join(lines))  # a kept callee's call may span lines now
     _keep_unused_imports(lines, heads)
-    _insert_first_party_import(lines, body, OPAQUE_IMPORT)
+    kept = any(called is None for *_, called in references)
+    _insert_first_party_import(
+        lines, body, OPAQUE_IMPORT if not kept else OPAQUE_IMPORT.split("  #")[0] + "\n"
+    )
     return "".join(lines)
 
 
 def _keep_unused_imports(lines: list[str], names: set[str]) -> None:
-    """An import whose name the rewritten calls were the only users of stays
-    (it says what the module needs: `import intel_extension_for_pytorch as
-    ipex` in a try that re-raises), marked for the linter as used."""
+    """An import whose name the rewritten calls were the only users of (in
+    the function it is in, or the module) stays (it says what the module
+    needs: `import intel_extension_for_pytorch as ipex` in a try that
+    re-raises, `from pkg import f` in a try that falls back on ImportError),
+    marked for the linter as used; one that would pass the line length
+    then is laid out as ruff's isort lays it out."""
     tree = ast.parse("".join(lines))
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    scopes: dict[int, ast.AST] = {}  # node -> the innermost function it is in
+    for node in ast.walk(tree):  # outer functions first
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for inner in ast.walk(node):
+                if inner is not node:
+                    scopes[id(inner)] = node
+    used_in: dict[int, set[str]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Import | ast.ImportFrom):
             continue
+        scope = scopes.get(id(node), tree)
+        if id(scope) not in used_in:
+            used_in[id(scope)] = {
+                n.id for n in ast.walk(scope) if isinstance(n, ast.Name)
+            }
         bound = {a.asname or a.name.split(".")[0] for a in node.names}
-        if bound & names and not bound & used and node.lineno == node.end_lineno:
-            row = node.lineno - 1
-            if "noqa" not in lines[row]:
-                lines[row] = lines[row].rstrip("\n") + "  # noqa: F401\n"
+        if not (bound & names) or bound & used_in[id(scope)]:
+            continue
+        row = node.lineno - 1
+        if node.lineno != node.end_lineno or "noqa" in lines[row]:
+            continue
+        marked = lines[row].rstrip("\n") + "  # noqa: F401\n"
+        one = isinstance(node, ast.ImportFrom) and len(node.names) == 1
+        if len(marked) - 1 > 88 and one:
+            indent = lines[row][: len(lines[row]) - len(lines[row].lstrip())]
+            alias = node.names[0]
+            name = alias.name + (f" as {alias.asname}" if alias.asname else "")
+            marked = (
+                f"{indent}from {'.' * node.level}{node.module or ''} import (\n"
+                f"{indent}    {name},  # noqa: F401\n{indent})\n"
+            )
+        lines[row] = marked
 
 
 def _first_party(node: ast.stmt) -> bool:
@@ -627,15 +780,35 @@ def _first_party(node: ast.stmt) -> bool:
     )
 
 
+def _is_import_or_doc(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Import | ast.ImportFrom) or (
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    )
+
+
 def _insert_first_party_import(
     lines: list[str], body: list[ast.stmt], line: str
 ) -> None:
     """`import vllm.<module>` where isort puts it: in the module's first
     block of imports that has vLLM's own, before its `from vllm... import`s,
-    in name order among its `import vllm...`s."""
+    in name order among its `import vllm...`s. A module without one at
+    module level gets it as a block of its own after its leading imports."""
     first = next((i for i, n in enumerate(body) if _first_party(n)), None)
     if first is None:
-        raise RecipeRefusal("no module-level `from vllm... import`")
+        leading = [
+            n
+            for n in body[
+                : next(
+                    (i for i, n in enumerate(body) if not _is_import_or_doc(n)),
+                    len(body),
+                )
+            ]
+            if isinstance(n, ast.Import | ast.ImportFrom)
+        ]
+        if not leading:
+            raise RecipeRefusal("no module-level import to put vLLM's after")
+        lines.insert(leading[-1].end_lineno, "\n" + line)
+        return
     name = line.split()[1]
     at = body[first].lineno - 1
     for node in body[first:]:
@@ -765,6 +938,48 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
             edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops_and_wrappers),),
             overlay=OVERLAY,
             header=KERNELS_HEADER + COMMON_FIELDS,
+        ),
+    ),
+}
+
+
+# The callees of the kernel ops whose schemas lie (data/schema_contracts.toml)
+LYING_KERNEL_CALLS = frozenset(ops.SCHEMA_CONTRACTS)
+_LYING_NAMES = tuple({c.rsplit(".", 1)[1] for c in LYING_KERNEL_CALLS})
+_LYING_MARKS = tuple({_package_mark(c) for c in LYING_KERNEL_CALLS})
+
+
+def may_call_lying_kernel(text: str) -> bool:
+    """Whether a module's text may use a callee of LYING_KERNEL_CALLS."""
+    return any(m in text for m in _LYING_MARKS) and any(
+        name in text for name in _LYING_NAMES
+    )
+
+
+def edit_lying_kernel_calls(text: str) -> str:
+    """edit_opaque_calls for the callees of the kernel ops whose schemas lie
+    only (a kernels-era tree's other calls are its era's recipes' to fix)."""
+    return edit_opaque_calls(text, LYING_KERNEL_CALLS)
+
+
+# Recipes of the recipe path only (a tree that is not a pinned release's),
+# run after its era's: a kernels-era tree's calls of OPAQUE_CALLS (an image's
+# ESIMD ops whose schemas lie, data/schema_contracts.toml). No pinned release
+# of that era has such a call, so the series has no patch of it; the IPEX
+# era's 0003 makes the same edit.
+DOWNSTREAM: dict[str, tuple[Recipe, ...]] = {
+    pins.KERNELS: (
+        Recipe(
+            name="0002-xpu-run-kernel-calls-as-custom-ops.patch",
+            edits=(
+                Edit(
+                    OPAQUE_MODULE,
+                    edit_lying_kernel_calls,
+                    anywhere_if=may_call_lying_kernel,
+                ),
+            ),
+            overlay=(OPAQUE_MODULE, OPAQUE_TREE_TEST),
+            header=OPAQUE_HEADER + COMMON_FIELDS,
         ),
     ),
 }

@@ -87,3 +87,30 @@ def xpu_c_gemm_of(function: str) -> str | None:
 def calls_xpu_c_gemms(text: str) -> bool:
     """Whether source text calls one of the _xpu_C GEMMs."""
     return bool(_XPU_C_GEMM_CALL.search(text))
+
+
+# The calls a recipe (and the plugin) route through a vLLM op of
+# vllm/_xpu_opaque_calls.py, callee -> contract: data/opaque_calls.toml (calls
+# Dynamo cannot trace) and data/schema_contracts.toml (a kernel package's op
+# whose schema hides a write or an alias, issue 42). A contract of the tree's
+# own vLLM op (`torch.ops.vllm.*`: its registration is the fix, not another
+# op around it) and a second contract of a callee ("<callee>#2": another
+# release's parameters) are not routed: data/known_lies.toml lists the former.
+CONTRACT_KEYS = ("op", "params", "mutates", "returns", "callee_returns", "source")
+
+
+def _routed_schema_contracts() -> dict[str, dict]:
+    path = paths.DATA / "schema_contracts.toml"
+    data = tomllib.loads(path.read_text()) if path.is_file() else {}
+    return {
+        callee: {k: entry[k] for k in CONTRACT_KEYS}
+        for callee, entry in data.items()
+        if "#" not in callee and not entry["kernel_op"].startswith("vllm::")
+    }
+
+
+SCHEMA_CONTRACTS: dict[str, dict] = _routed_schema_contracts()
+ROUTED_CALLS: dict[str, dict] = {
+    **tomllib.loads((paths.DATA / "opaque_calls.toml").read_text()),
+    **SCHEMA_CONTRACTS,
+}

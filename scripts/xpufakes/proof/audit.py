@@ -152,6 +152,8 @@ class PluginReport:
         if s.get("skipped"):
             said.append(f"  does nothing here: {s['skipped']}")
             return said + [f"  CAUTION: {c}" for c in self.cautions]
+        if not s:  # --static: its register() did not run
+            return said + [f"  CAUTION: {c}" for c in self.cautions]
         said.append(f"  fakes it registers: {', '.join(s['registered']) or 'none'}")
         if s.get("woq"):
             said.append(f"  {s['woq']}")
@@ -290,7 +292,19 @@ def audit(
     ipex = kernels.IPEX in standins
     untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex, parsed=parsed)
     result = Result(standins, reports(sites, declared, checked, state), untraceable)
-    result.truth = schematruth.check(sources, _version(found), parsed)
+    routing = None
+    if installed is not None:  # the plugin's contracts, read from its files
+        module = installed.directory / installed_plugin.PACKAGE / "_xpu_opaque_calls.py"
+        if module.is_file():
+            by = (
+                f"the vLLM plugin, {installed.describe()}, which rebinds the "
+                "callee at start-up (its contracts read from its files"
+                + (", not run: --static)" if state is None else ")")
+            )
+            routing = schematruth.Routing(
+                schematruth.contracts_of(module.read_text()), by, False
+            )
+    result.truth = schematruth.check(sources, _version(found), parsed, plugin=routing)
     if installed is not None:
         cautions = [
             c

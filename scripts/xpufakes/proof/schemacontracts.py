@@ -17,7 +17,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from xpufakes.common import paths
+from xpufakes.common import opschema, paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof.static import schematruth
 from xpufakes.trees import tree
@@ -34,12 +34,37 @@ def _op_name(op: str) -> str:
     return f"xpu_{name}" if ns == "vllm" else f"{ns}_{name}"
 
 
+def marked_elsewhere(op: str, schema, data: dict | None = None) -> dict[str, str]:
+    """The arguments another image commit's schema of the same op (the same
+    parameters) marks as written, each with that commit: the package's own
+    later word on what the kernel writes (a writable pointer is not read
+    everywhere: llm-scaler 0a85564's `esimd_qkv_split_norm_rope` gives none
+    for `gate_out`, `k_out`, `v_out`, which b18beee's schema marks)."""
+    found: dict[str, str] = {}
+    commits = (data if data is not None else schematruth.load_data())["esimd"]
+    for commit, entry in sorted(commits.items()):
+        other = entry.get("ops", {}).get(op)
+        try:
+            parsed = opschema.parse(other["schema"]) if other else None
+        except ValueError:
+            parsed = None
+        if parsed is None or [a.name for a in parsed.args] != [
+            a.name for a in schema.args
+        ]:
+            continue
+        for name in parsed.marked:
+            found.setdefault(name, f"llm-scaler {commit} {other['defined']}")
+    return found
+
+
 def contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
     """callee -> its contract, for each lying op a traced call reaches."""
     found: dict[str, dict] = {}
     for o in (o for o in truth.ops if o.traced):
         schema = o.facts.schema
         hidden = {x.argument for x in o.lies if x.kind == "a"}
+        elsewhere = marked_elsewhere(o.op, schema)
+        hidden |= set(elsewhere)
         mutates = [a.name for a in schema.args if a.writes or a.name in hidden]
         returned = list(dict.fromkeys(e["param"] for e in o.facts.returns))
         if returned:
@@ -49,6 +74,13 @@ def contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
         else:
             callee_returns = ""
         cited = [f"{o.facts.where}: {o.facts.text}"]
+        marked_here = {a.name for a in schema.args if a.writes}
+        cited += [
+            f"`{name}` marked by {where}"
+            for name, where in elsewhere.items()
+            if name not in marked_here
+            and not any(x.kind == "a" and x.argument == name for x in o.lies)
+        ]
         for lie in o.lies:
             argument = f" `{lie.argument}`" if lie.argument else ""
             cited.append(

@@ -84,10 +84,29 @@ class Site:
 
 
 @dataclass
+class Routing:
+    """The fix, where it is (issue 42, item 2): callees whose calls run as
+    vLLM ops of vllm/_xpu_opaque_calls.py, callee -> (op, params, mutates,
+    returns) (its CONTRACTS). `in_tree`: the series' module in the tree, whose
+    calls name the op (`torch.ops.vllm.<op>(...)`, `as_custom_op("<op>", f)`);
+    else the installed plugin's copy, which rebinds the callee at start-up
+    (read from its files, not run)."""
+
+    contracts: dict[str, tuple]
+    by: str
+    in_tree: bool
+
+
+@dataclass
 class OpTruth:
     facts: Facts
     lies: list[Lie]
-    sites: list[Site]
+    sites: list[Site]  # the calls of the op itself
+    # the calls that reach it through the fix's vLLM op, and what that op
+    # does not declare of what the kernel does (a gap fails where traced)
+    fixed: list[Site] = field(default_factory=list)
+    fixed_by: str = ""
+    gaps: list[str] = field(default_factory=list)
 
     @property
     def op(self) -> str:
@@ -99,8 +118,16 @@ class OpTruth:
 
     @property
     def traced(self) -> bool:
-        """A lie that a traced call reaches."""
-        return bool(self.lies) and self.reached
+        """A lie that a traced call reaches (of the op itself, or through a
+        vLLM op that does not declare all it does)."""
+        gap = bool(self.gaps) and any(s.reached for s in self.fixed)
+        return bool(self.lies) and (self.reached or gap)
+
+    @property
+    def fixed_on_path(self) -> bool:
+        """Traced calls reach it only through the fix's vLLM op, which
+        declares what it does."""
+        return not self.traced and any(s.reached for s in self.fixed)
 
     @property
     def known(self) -> str:
@@ -254,6 +281,87 @@ def choose_commit(commits: dict[str, dict], version: str) -> tuple[str | None, s
 
 
 # ---------------------------------------------------------------------------
+# The fix
+# ---------------------------------------------------------------------------
+
+ROUTING_MODULE = "vllm/_xpu_opaque_calls.py"
+# a tree `make apply` patched: the plugin does nothing there
+PATCHED_MODULE = "vllm/_xpu_gemm_fakes.py"
+
+
+def contracts_of(text: str) -> dict[str, tuple]:
+    """vllm/_xpu_opaque_calls.py's CONTRACTS (the series' or the plugin's
+    copy), read from its source; {} if it has none."""
+    try:
+        body = ast.parse(text).body
+    except SyntaxError:
+        return {}
+    for node in body:
+        target = (
+            getattr(node, "target", None)
+            or (getattr(node, "targets", None) or [None])[0]
+        )
+        if isinstance(target, ast.Name) and target.id == "CONTRACTS":
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+    return {}
+
+
+def _routed_schema(op: str, params, mutates, returns: str) -> str:
+    marked = []
+    for i, param in enumerate(params):
+        kind, _, rest = param.partition(" ")
+        if rest.split("=")[0] in mutates:
+            kind = kind.replace("Tensor", f"Tensor(a{i}!)", 1)
+        marked.append(f"{kind} {rest}")
+    return f"{op}({', '.join(marked)}) -> {'Tensor' if returns else '()'}"
+
+
+def _kernel_op(callee: str, wrappers: dict[str, treeops.Wrapper]) -> str:
+    """The op a callee of a contract runs: a package wrapper's, or
+    `torch.ops.<ns>.<op>`'s; '' for another callee."""
+    if callee in wrappers:
+        return wrappers[callee].op
+    parts = callee.split(".")
+    if parts[:2] == ["torch", "ops"] and len(parts) == 4:
+        return f"{parts[2]}::{parts[3]}"
+    return ""
+
+
+def _gaps(truth: "OpTruth", contract: tuple) -> list[str]:
+    """What the kernel does that the vLLM op around it does not declare."""
+    op, params, mutates, returns = contract
+    gaps = [
+        f"(a) `{x.argument}` is written and vllm::{op} does not mark it"
+        for x in truth.lies
+        if x.kind == "a" and x.argument not in mutates
+    ]
+    if returns:
+        gaps += [
+            f"({x.kind}) vllm::{op} returns a tensor: the kernel's alias stays hidden"
+            for x in truth.lies
+            if x.kind in ("b", "d")
+        ][:1]
+    gaps += [
+        f"`{name}` is marked in the kernel's schema and vllm::{op} does not mark it"
+        for name in truth.facts.schema.marked
+        if name not in mutates
+    ]
+    if not mutates and any(x.kind == "c" for x in truth.lies):
+        gaps.append(f"(c) vllm::{op} marks nothing")
+    return gaps
+
+
+def _fits(call: treeops.Call, params) -> bool:
+    """Whether the plugin's wrapper routes the call (it passes every
+    parameter the contract requires; else it is the original's call)."""
+    required = {p.split()[1] for p in params if "=" not in p}
+    return required <= set(call.args)
+
+
+# ---------------------------------------------------------------------------
 # The search
 # ---------------------------------------------------------------------------
 
@@ -263,11 +371,32 @@ def check(
     version: str = "",
     parsed: dict | None = None,
     data: dict[str, dict] | None = None,
+    plugin: Routing | None = None,
 ) -> Truth:
     """Schema truth for a tree (texts: path -> source of vllm/; `data`: the
-    schema data, as load_data() reads it)."""
+    schema data, as load_data() reads it; `plugin`: the installed plugin's
+    contracts, which count on a tree `make apply` has not patched)."""
     start, cpu = time.monotonic(), time.process_time()
     facts, wrappers, sources, warnings = kernel_facts(texts, version, data)
+    routings = []
+    if ROUTING_MODULE in texts:
+        routings.append(
+            Routing(
+                contracts_of(texts[ROUTING_MODULE]),
+                f"the series' {ROUTING_MODULE}",
+                True,
+            )
+        )
+    if plugin is not None and PATCHED_MODULE not in texts:
+        routings.append(plugin)
+    for routing in (r for r in routings if r.in_tree):
+        for op, params, mutates, returns in routing.contracts.values():
+            text = _routed_schema(op, params, mutates, returns)
+            schema = _parse(text)
+            if schema is not None:
+                facts[f"vllm::{op}"] = Facts(
+                    f"vllm::{op}", schema, text, f"{routing.by} CONTRACTS"
+                )
     packages = (ESIMD_PACKAGE,) if wrappers else ()
     source = SourceTree(texts, parsed if parsed is not None else {})
     registering = [
@@ -323,6 +452,29 @@ def check(
     by_op: dict[str, list[treeops.Call]] = {}
     for call in calls:
         by_op.setdefault(call.op, []).append(call)
+    # the calls that reach a kernel op through the fix: kernel op -> (calls,
+    # the contract, who routes them)
+    fixed: dict[str, tuple[list[treeops.Call], tuple, str]] = {}
+    for routing in routings:
+        for callee, contract in routing.contracts.items():
+            kernel = _kernel_op(callee, wrappers)
+            if not kernel:
+                continue
+            if routing.in_tree:
+                routed = by_op.get(f"vllm::{contract[0]}", [])
+            else:
+                routed = [
+                    c
+                    for c in by_op.get(kernel, [])
+                    if (c.target == callee or c.via == callee) and _fits(c, contract[1])
+                ]
+                by_op[kernel] = (
+                    [c for c in by_op[kernel] if c not in routed]
+                    if routed
+                    else by_op.get(kernel, [])
+                )
+            if routed:
+                fixed[kernel] = (routed, contract, routing.by)
     lying = []
     checked = 0
     loaded = {
@@ -333,15 +485,20 @@ def check(
     if packages:  # the package's ops, loaded with it
         loaded |= {w.op.split("::")[0] for w in wrappers.values()}
     for op, f in sorted(facts.items()):
-        called = op in by_op
+        called = bool(by_op.get(op)) or op in fixed
         if not called and f.own is None and not (f.returns or f.writes):
             continue
         if not called and f.own is None and op.split("::")[0] not in loaded:
             continue  # a package the tree does not load
         checked += 1
-        lies = _lies(f, by_op.get(op, []), fakes_of.get(op, []), source)
+        evidence = by_op.get(op, []) + fixed.get(op, ([],))[0]
+        lies = _lies(f, evidence, fakes_of.get(op, []), source)
         if lies:
-            lying.append(OpTruth(f, lies, []))
+            found = OpTruth(f, lies, [])
+            if op in fixed:
+                found.fixed_by = f"vllm::{fixed[op][1][0]} ({fixed[op][2]})"
+                found.gaps = _gaps(found, fixed[op][1])
+            lying.append(found)
     unknown = [
         c
         for c in calls
@@ -356,7 +513,7 @@ def check(
         and facts[c.op].own is None
         and facts[c.op].schema.returned_aliases()
     ]
-    reached = _place(lying, by_op, unknown + aliasing, texts, source)
+    reached = _place(lying, by_op, unknown + aliasing, texts, source, fixed)
     unknown = [c for c in unknown if c in reached]
     truth = Truth(lying, checked, unknown, sources, warnings)
     truth.refused = [c for c in aliasing if c in reached]
@@ -549,23 +706,30 @@ def _lies(f: Facts, calls, fakes, source) -> list[Lie]:
 # ---------------------------------------------------------------------------
 
 
-def _place(lying: list[OpTruth], by_op, unknown_calls, texts, source) -> list:
-    """Each lying op's calls placed (Site); the calls of ops without a
-    known schema that the traced path reaches."""
-    wanted = {(c.module, c.function) for o in lying for c in by_op.get(o.op, [])}
+def _place(lying: list[OpTruth], by_op, unknown_calls, texts, source, fixed) -> list:
+    """Each lying op's calls placed (Site), those through the fix's vLLM op
+    apart; the calls of ops without a known schema that the traced path
+    reaches."""
+    each = {
+        o.op: [(c, False) for c in by_op.get(o.op, [])]
+        + [(c, True) for c in fixed.get(o.op, ([],))[0]]
+        for o in lying
+    }
+    wanted = {(c.module, c.function) for calls in each.values() for c, _ in calls}
     wanted |= {(c.module, c.function) for c in unknown_calls}
     explained = reach.explain(texts, sorted(wanted), source.parsed)
     for o in lying:
-        for call in by_op.get(o.op, []):
+        for call, routed in each[o.op]:
             finding = explained[(call.module, call.function)]
-            site = reach.Step(call.file, call.line, call.function)
-            steps = [*finding.chain[:-1], site] if finding.chain else [site]
+            step = reach.Step(call.file, call.line, call.function)
+            steps = [*finding.chain[:-1], step] if finding.chain else [step]
             when = pathconditions.conditions(source, steps) if finding.reached else ""
             configurations, note = list(finding.configurations), finding.note
             if when.startswith(pathconditions.NOT_ON_XPU):
                 configurations, note = [], f"another platform's path ({when})"
                 when = ""
-            o.sites.append(Site(call, configurations, finding.entry, note, when))
+            placed = Site(call, configurations, finding.entry, note, when)
+            (o.fixed if routed else o.sites).append(placed)
     return [c for c in unknown_calls if explained[(c.module, c.function)].reached]
 
 
@@ -580,13 +744,27 @@ def lines(truth: Truth) -> list[str]:
         "returns; a lie loses writes or aliases under torch.compile):",
         *[f"  schemas: {s}" for s in truth.sources],
     ]
-    for o in sorted(truth.ops, key=lambda o: (not o.traced, not o.sites, o.op)):
-        if o.failing:
+    for o in sorted(
+        truth.ops, key=lambda o: (not o.traced, not o.fixed_on_path, not o.sites, o.op)
+    ):
+        if o.failing and o.gaps:
+            verdict = (
+                f"FAIL: its schema lies, and a traced call reaches it through "
+                f"{o.fixed_by}, which does not declare all it does: "
+                + "; ".join(o.gaps)
+            )
+        elif o.failing:
             verdict = "FAIL: its schema lies, and a traced call reaches it"
         elif o.traced:
             verdict = (
                 "WARN: its schema lies, and a traced call reaches it; known, "
                 "not fixed yet (data/known_lies.toml)"
+            )
+        elif o.fixed_on_path:
+            verdict = (
+                f"fixed: its schema lies, and the traced calls reach it only "
+                f"through {o.fixed_by}, which marks what it writes and returns "
+                "nothing"
             )
         elif o.sites:
             verdict = "lies; no call of it is on the traced path"
@@ -600,11 +778,14 @@ def lines(truth: Truth) -> list[str]:
             said += [f"      {e}" for e in lie.evidence[:4]]
             if len(lie.evidence) > 4:
                 said.append(f"      (and {len(lie.evidence) - 4} more)")
-        for site in sorted(
-            o.sites, key=lambda s: (not s.reached, s.call.file, s.call.line)
+        placed = [(s, False) for s in o.sites] + [(s, True) for s in o.fixed]
+        for site, routed in sorted(
+            placed, key=lambda p: (not p[0].reached, p[0].call.file, p[0].call.line)
         ):
             c = site.call
             via = f" via {c.via}" if c.via else ""
+            if routed:
+                via += f" [through {o.fixed_by.split(' (')[0]}]"
             if site.reached:
                 head = "compiled: " + "; ".join(site.configurations)
                 said.append(f"    {c.file}:{c.line} {c.function}{via} [{head}]")
@@ -630,6 +811,12 @@ def lines(truth: Truth) -> list[str]:
     said += [f"warn: {w}" for w in truth.warnings]
     if not truth.ops:
         said.append(f"  no op lies ({truth.checked} ops checked)")
+    fixed = [o.op for o in truth.ops if o.fixed_on_path]
+    if fixed:
+        said.append(
+            f"  {len(fixed)} lying op(s) on the traced path run behind a vLLM op "
+            "that declares what they do (the fix): " + ", ".join(fixed)
+        )
     said.append(f"  ({truth.cpu_seconds:.1f} s of CPU, {truth.seconds:.1f} s wall)")
     return said
 
@@ -654,6 +841,13 @@ def to_json(truth: Truth) -> dict:
                 "lies": [
                     {"kind": x.kind, "argument": x.argument, "evidence": x.evidence}
                     for x in o.lies
+                ],
+                "fixed_by": o.fixed_by,
+                "fixed_on_path": o.fixed_on_path,
+                "gaps": o.gaps,
+                "fixed_sites": [
+                    f"{s.call.file}:{s.call.line}" + (" (traced)" if s.reached else "")
+                    for s in o.fixed
                 ],
                 "sites": [
                     {

@@ -19,6 +19,10 @@ from xpufakes.common import opschema
 from xpufakes.trees import names as pynames
 from xpufakes.trees.pysource import Module, SourceTree, parse, statements
 
+# What the fix's vllm/_xpu_opaque_calls.py gives a tree to keep in place of
+# a callee (changes/recipes.py AS_CUSTOM_OP): its calls are vllm::<op>'s.
+AS_CUSTOM_OP = "as_custom_op"
+
 # Namespaces of torch's own ops: not kernels' (their schemas are torch's).
 _TORCH_NAMESPACES = frozenset(
     {"aten", "prims", "higher_order", "quantized", "_c10d_functional"}
@@ -130,6 +134,14 @@ class Resolver:
             return self.resolve(module, scope, expr.body, depth + 1) | self.resolve(
                 module, scope, expr.orelse, depth + 1
             )
+        if (
+            isinstance(expr, ast.Call)
+            and pynames.dotted(expr.func).endswith(AS_CUSTOM_OP)
+            and expr.args
+            and isinstance(expr.args[0], ast.Constant)
+            and isinstance(expr.args[0].value, str)
+        ):  # the fix's `as_custom_op("<op>", f)`: calls of vllm::<op>
+            return {f"torch.ops.vllm.{expr.args[0].value}"}
         if (
             isinstance(expr, ast.Call)
             and pynames.dotted(expr.func) == "getattr"
