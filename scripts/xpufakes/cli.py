@@ -14,6 +14,7 @@ from xpufakes.changes import authoring, esimdfacts, export, history, opfacts, se
 from xpufakes.common import errors, streams
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit, schemacontracts, verify
+from xpufakes.proof.model.models import NUMBERS_TOKENS
 from xpufakes.trees import fetch, pins, tree
 from xpufakes.verbs import apply, outcome, revert, status, treeexport, treetest
 from xpufakes.verbs.pipeline import Committed
@@ -123,6 +124,7 @@ def cmd_audit(args) -> int:
         args.configurations,
         args.plugin,
         args.transformers,
+        args.numbers,
     )
     if isinstance(result, str):  # not affected
         print(
@@ -268,6 +270,16 @@ def _parser() -> argparse.ArgumentParser:
             "once into the tool's cache",
         },
     )
+    numbers = (
+        "--numbers",
+        {
+            "metavar": "TOKENS",
+            "default": ",".join(map(str, NUMBERS_TOKENS)),
+            "help": "of --model: the token counts at which each traced "
+            "configuration is run eager and compiled (aot_eager, Inductor) "
+            "with the same weights and inputs and compared; none: not run",
+        },
+    )
     verb(
         "audit",
         cmd_audit,
@@ -280,6 +292,7 @@ def _parser() -> argparse.ArgumentParser:
         model,
         configurations,
         transformers,
+        numbers,
         plugin,
     )
     rest = ("pytest_args", {"nargs": argparse.REMAINDER})

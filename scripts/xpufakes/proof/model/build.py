@@ -5,13 +5,31 @@ gloo, TP=1), the model class the tree names, random weights, vLLM's own
 processing after loading; and the inputs of the forward the start-up
 compiles."""
 
+import contextlib
 import importlib
 import json
+import os
 from pathlib import Path
 
 from xpufakes.proof.model import features
 from xpufakes.proof.model import models as model_data
 from xpufakes.proof.model.features import SP_FIELDS
+
+
+@contextlib.contextmanager
+def environment_of(model: model_data.Model):
+    """The model's environment (models.toml `env`) set while it is built,
+    traced and run; as it was, after."""
+    before = {name: os.environ.get(name) for name in model.env}
+    os.environ.update({name: str(value) for name, value in model.env.items()})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def config_dir(model: model_data.Model, work: Path) -> Path:

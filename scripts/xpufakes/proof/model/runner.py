@@ -64,6 +64,8 @@ def run_all(
     python: str = "",
     plugin: Path | None = None,
     transformers: str = "",
+    numbers: str = "",
+    esimd_truthful: bool = False,
 ) -> list[dict]:
     """The model proof's result for each of the models (its JSON), traced in one
     process with `python` (this one if not given) that sets up once, each
@@ -72,8 +74,12 @@ def run_all(
     with the error; if the process wrote nothing, each is "not built" with
     the end of what it said. `plugin`: the directory this project's vLLM
     plugin is installed in, whose register() runs before the models are
-    built."""
+    built. `numbers`: the token counts at which each traced configuration's
+    compiled forward is compared with its eager one (proof/model/numbers.py;
+    "" none); `esimd_truthful`: the control in which the ESIMD ops whose
+    schemas lie declare their writes (proof/xpu/esimd.py)."""
     models.configurations(configurations)
+    models.token_counts(numbers)
     python = python or sys.executable
     env = isolated.env()  # nothing written to the tree
     if transformers:
@@ -84,7 +90,9 @@ def run_all(
         done = subprocess.run(
             [python, "-m", "xpufakes.proof.model.cli", str(root), ",".join(chosen)]
             + [str(out), "--standins", standins, "--configurations", configurations]
-            + (["--plugin", str(plugin)] if plugin else []),
+            + (["--plugin", str(plugin)] if plugin else [])
+            + (["--numbers", numbers] if numbers else [])
+            + (["--esimd-truthful"] if esimd_truthful else []),
             capture_output=True,
             text=True,
             env=env,
