@@ -263,6 +263,10 @@ def compare(
                     _not_run(count, b, f"eager: {_said(e)}") for b in backends
                 ]
                 continue
+            vacuous = _vacuous(eager)
+            if vacuous:
+                result["cells"] += [_not_run(count, b, vacuous) for b in backends]
+                continue
             for name in backends:
                 begun = time.monotonic()
                 try:
@@ -287,6 +291,23 @@ def compare(
     )
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
+
+
+def _vacuous(eager: list) -> str:
+    """ "" or why the eager output gives nothing to compare: not finite
+    (weights left uninitialized: NaN), or all zeros."""
+    import torch
+
+    if not eager:
+        return "the forward returned no tensor"
+    if any(not bool(torch.isfinite(t.float()).all()) for t in eager):
+        return (
+            "the eager output is not finite (weights the build left "
+            "uninitialized read as NaN): nothing compared"
+        )
+    if all(not bool(t.any()) for t in eager):
+        return "the eager output is all zeros: nothing compared"
+    return ""
 
 
 def _said(error: BaseException) -> str:

@@ -1,0 +1,175 @@
+"""Compiled = eager, in numbers (proof/model/numbers.py, issue 42 item 3):
+a model of the catalog built once, run eagerly and compiled as vLLM
+compiles it (aot_eager and Inductor) with the same weights and inputs,
+traced afresh at each token count.
+
+In `make test` (the ESIMD-like tree, support/downstream.py: the newest pin
+with the decode GEMV of llm-scaler b18beee's shape, which drops the
+result of custom_esimd_kernels_vllm.esimd_gemv_fp8_pert and returns the
+buffer it passed; the op has the image's schema, which marks nothing, and
+the tree's fake returns a new tensor, as the image's does):
+
+  1 token, the image's schema     compiled != eager (aot_eager, Inductor):
+                                  the write is dropped, the buffer is NaN
+  2 tokens (the branch not taken) compiled = eager: the control that the
+                                  comparison passes where nothing lies
+  1 token, the truthful schema    compiled = eager: the same kernel, its
+                                  write declared (`Tensor(a!) output`)
+
+On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
+has none): the block-fp8 model with N = 192 (deepseek_v2_fp8_block) takes
+the ESIMD block GEMM at the start-up's 2048 tokens: compiled != eager,
+unpatched; the aligned one (qwen3_fp8_block) only below 16 tokens. With
+the truthful schemas, compiled = eager. After `make apply`: equal where
+the static audit no longer finds the lie on the traced path (the fix of
+the esimd-fix branch), and still different where it does (today).
+
+What is stood in: the device (the ESIMD kernels and XPU flash attention
+are XPU code; their CPU references compute what the C++ writes), as
+numbers.py and proof/xpu/esimd.py say."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_model_trace import TREE_PYTHON
+
+from support import downstream, releases, tool
+from xpufakes.proof import audit
+from xpufakes.proof.model import numbers
+from xpufakes.proof.model import report as model_report
+from xpufakes.proof.model import runner as model_runner
+from xpufakes.trees import tree
+
+pytestmark = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
+
+# a per-tensor fp8 checkpoint: its weights are the checkpoint's (random
+# here), not made while loading
+MODEL = "llama3_fp8_checkpoint"
+GEMV = "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert"
+BLOCK_GEMM = "custom_esimd_kernels_vllm::esimd_gemm_fp8_blockscale"
+
+
+def cells(found: dict) -> dict[tuple[int, str], dict]:
+    """(tokens, backend) -> cell, of the default configuration."""
+    [default] = [c for c in found["configurations"] if c["configuration"] == "default"]
+    assert default["result"] == "traced", default
+    return {(c["tokens"], c["backend"]): c for c in default["numbers"]["cells"]}
+
+
+def prove(root: Path, models: list[str], counts: str, truthful=False) -> list:
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    return model_runner.run_all(
+        root,
+        models,
+        kernels,
+        "default",
+        str(TREE_PYTHON),
+        numbers=counts,
+        esimd_truthful=truthful,
+    )
+
+
+def verdicts(found: dict) -> dict[tuple[int, str], str]:
+    return {key: c["result"] for key, c in cells(found).items()}
+
+
+def test_a_dropped_write_is_caught_in_numbers_and_a_truthful_schema_is_not(
+    tmp_path,
+):
+    root = downstream.esimd_like(releases.newest(), tmp_path / "tree")
+    [lying] = prove(root, [MODEL], "1,2")
+    found = cells(lying)
+    for backend in numbers.BACKENDS:
+        dropped, control = found[(1, backend)], found[(2, backend)]
+        assert dropped["result"] == numbers.DIFFERENT, dropped
+        # NaN where the empty buffer is torch's (aot_eager: deterministic
+        # fill), whatever memory held where Inductor allocates it
+        assert not dropped["difference"] <= 0.02 * dropped["largest"], dropped
+        assert control["result"] == numbers.EQUAL, control
+        assert control["largest"] > 0, control  # something was compared
+    assert model_report.failing(lying)
+    said = model_report.table(lying)
+    assert "graph break(s); compiled != eager at 1 tokens" in said, said
+    assert "FAIL: traced whole" in said, said
+    assert "1 tokens: aot_eager nan FAIL" in said, said
+    assert "2 tokens: aot_eager 0 ok" in said, said
+    # the truthful control: the same kernel with its write declared
+    [truthful] = prove(root, [MODEL], "1", truthful=True)
+    assert "TRUTHFUL CONTROL" in truthful["standins"], truthful["standins"]
+    assert set(verdicts(truthful).values()) == {numbers.EQUAL}, cells(truthful)
+    assert not model_report.failing(truthful)
+    for c in cells(truthful).values():
+        assert c["largest"] > 0 and c["difference"] <= 0.02 * c["largest"], c
+
+
+def test_a_cell_with_nothing_to_compare_is_not_equal():
+    """An eager output that is NaN or all zeros compares nothing: the cell
+    is not run, never equal (the negative control of `largest > 0`)."""
+    import torch
+
+    assert numbers._vacuous([torch.zeros(3)]) == (
+        "the eager output is all zeros: nothing compared"
+    )
+    assert "not finite" in numbers._vacuous([torch.tensor([1.0, float("nan")])])
+    assert numbers._vacuous([torch.tensor([0.0, 1.0])]) == ""
+    assert numbers.verdict(0.01, 1.0) == numbers.EQUAL
+    assert numbers.verdict(0.03, 1.0) == numbers.DIFFERENT
+    assert numbers.verdict(float("nan"), 1.0) == numbers.DIFFERENT
+    eager = [torch.tensor([1.0, 2.0])]
+    assert numbers.difference(eager, [torch.tensor([1.0, float("nan")])])[0] != 0
+    assert numbers.difference(eager, [torch.tensor([1.0, 2.5])]) == (0.5, 2.0)
+    assert numbers.difference(eager, [torch.tensor([1.0])])[0] != 0  # shape
+
+
+# --- the real b18beee tree (opt-in) ------------------------------------------
+
+GIT_DIR = os.environ.get("XPUFAKES_LLM_SCALER", "")
+BLOCK_MODELS = ["deepseek_v2_fp8_block", "qwen3_fp8_block"]
+
+
+def lie_reached(root: Path, op: str) -> bool:
+    """Whether the static audit finds `op`'s schema lie on the traced path."""
+    result = tool.run("audit", str(root), "--json", "--static")
+    truth = json.loads(result.stdout)["schema_truth"]
+    return any(o["op"] == op and o["reached"] for o in truth["ops"])
+
+
+@pytest.mark.skipif(
+    not GIT_DIR or not Path(GIT_DIR).is_dir(),
+    reason="set XPUFAKES_LLM_SCALER to an intel/llm-scaler git directory",
+)
+def test_block_fp8_on_the_real_b18beee_tree(tmp_path):
+    from test_llm_scaler_trees import rebuild
+
+    root = rebuild("b18beee", tmp_path / "b18beee")
+    unpatched = {m["model"]: m for m in prove(root, BLOCK_MODELS, "2048,1")}
+    truthful = {m["model"]: m for m in prove(root, BLOCK_MODELS, "2048,1", True)}
+    for backend in numbers.BACKENDS:
+        # N = 192: the ESIMD block GEMM at every count, its write dropped
+        odd = verdicts(unpatched["deepseek_v2_fp8_block"])
+        assert odd[(2048, backend)] == odd[(1, backend)] == numbers.DIFFERENT, odd
+        # aligned: oneDNN's matmul from 16 tokens, the ESIMD GEMM below
+        aligned = verdicts(unpatched["qwen3_fp8_block"])
+        assert aligned[(2048, backend)] == numbers.EQUAL, aligned
+        assert aligned[(1, backend)] == numbers.DIFFERENT, aligned
+    for found in truthful.values():
+        assert set(verdicts(found).values()) == {numbers.EQUAL}, cells(found)
+    patched = tmp_path / "patched"
+    shutil.copytree(root, patched, symlinks=True)
+    applied = tool.run("apply", str(patched), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    after = {m["model"]: m for m in prove(patched, BLOCK_MODELS, "2048,1")}
+    # the fix (branch esimd-fix) makes the op a vLLM op that declares its
+    # write: the audit stops finding the lie, and the numbers agree. Until
+    # it is merged, the lie is found and compiled != eager after apply too.
+    expected = numbers.DIFFERENT if lie_reached(patched, BLOCK_GEMM) else numbers.EQUAL
+    odd = verdicts(after["deepseek_v2_fp8_block"])
+    assert set(odd.values()) == {expected}, (
+        expected,
+        cells(after["deepseek_v2_fp8_block"]),
+    )
