@@ -274,10 +274,12 @@ def _parser() -> argparse.ArgumentParser:
         "--numbers",
         {
             "metavar": "TOKENS",
-            "default": ",".join(map(str, NUMBERS_TOKENS)),
+            "default": "",
             "help": "of --model: the token counts at which each traced "
             "configuration is run eager and compiled (aot_eager, Inductor) "
-            "with the same weights and inputs and compared; none: not run",
+            "with the same weights and inputs and compared, e.g. "
+            f"{','.join(map(str, NUMBERS_TOKENS))} (`make audit MODEL=`'s "
+            "default); none by default",
         },
     )
     verb(
