@@ -187,3 +187,87 @@ def test_block_fp8_on_the_real_b18beee_tree(tmp_path):
         expected,
         cells(after["deepseek_v2_fp8_block"]),
     )
+
+
+# --- the reference kernels ----------------------------------------------------
+
+
+def test_the_block_gemm_reference_is_the_block_math_and_refuses_what_the_cxx_refuses():
+    """esimd_gemm_fp8_blockscale's CPU kernel against the block
+    dequantization written out block by block; it writes `output` and
+    returns that tensor; a non-aligned K is refused as its C++ refuses it
+    (esimd_kernel_gemm.sycl:116). Negative control: one scale per row of
+    blocks instead of per block gives another result."""
+    import torch
+
+    from xpufakes.proof.xpu import esimd_kernels
+
+    g = torch.Generator().manual_seed(0)
+    m, n, k = 3, 192, 256  # N: one and a half blocks
+    x = torch.randn(m, k, generator=g).half()
+    w = (torch.randn(n, k, generator=g) * 0.1).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 2, generator=g) + 0.5
+    expected = torch.zeros(m, n)
+    for nb in range(2):
+        for kb in range(2):
+            rows, cols = (
+                slice(nb * 128, (nb + 1) * 128),
+                slice(kb * 128, (kb + 1) * 128),
+            )
+            block = w[rows, cols].float() * scale[nb, kb]
+            expected[:, rows] += x[:, cols].float() @ block.t()
+    out = torch.full((m, n), float("nan"), dtype=torch.float16)
+    returned = esimd_kernels.gemm_fp8_blockscale(x, w, scale, out, 128, 128)
+    assert returned is out
+    assert torch.allclose(out.float(), expected, rtol=1e-2, atol=1e-2)
+    per_row = scale[:, :1].expand(2, 2).contiguous()
+    wrong = esimd_kernels.gemm_fp8_blockscale(x, w, per_row, out.clone(), 128, 128)
+    assert not torch.allclose(wrong.float(), expected, rtol=1e-2, atol=1e-2)
+    with pytest.raises(RuntimeError, match="K must be a multiple of block_k"):
+        esimd_kernels.gemm_fp8_blockscale(
+            x[:, :192].contiguous(), w[:, :192].contiguous(), scale, out, 128, 128
+        )
+
+
+def test_the_fused_add_norm_reference_writes_both_buffers():
+    """esimd_fused_add_rms_norm: residual += hidden_states, hidden_states =
+    rmsnorm(residual) * weight, in place; returns hidden_states. Negative
+    control: the buffers as they were are not the result."""
+    import torch
+
+    from xpufakes.proof.xpu import esimd_kernels
+
+    g = torch.Generator().manual_seed(1)
+    hidden, residual = torch.randn(2, 64, generator=g).half(), torch.randn(2, 64).half()
+    weight = torch.rand(64, generator=g).half() + 1
+    total = hidden.float() + residual.float()
+    normed = total / torch.sqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6)
+    h, r = hidden.clone(), residual.clone()
+    returned = esimd_kernels.fused_add_rms_norm(h, r, weight, 1e-6)
+    assert returned is h
+    assert torch.allclose(r.float(), total, atol=1e-2)
+    assert torch.allclose(h.float(), normed * weight.float(), atol=2e-2)
+    assert not torch.allclose(hidden.float(), h.float(), atol=2e-2)
+    assert not torch.allclose(residual.float(), r.float(), atol=1e-2)
+
+
+def test_the_group_quant_reference_round_trips_within_fp8():
+    """_C::per_token_group_fp8_quant's CPU kernel: dequantized (q * scale
+    per group) it is the input within e4m3's precision, and each group's
+    largest value reaches fp8_max. Negative control: a scale taken over the
+    whole row, not the group, leaves a group with a small range far below
+    fp8_max."""
+    import torch
+
+    from xpufakes.proof.xpu.cpu_kernels import per_token_group_fp8_quant
+
+    x = torch.randn(4, 256)
+    x[:, 128:] *= 0.01  # a second group of small values
+    q = torch.empty(4, 256, dtype=torch.float8_e4m3fn)
+    s = torch.empty(4, 2)
+    per_token_group_fp8_quant(x, q, s, 128, 1e-10, -448.0, 448.0, False)
+    back = q.float().view(4, 2, 128) * s.view(4, 2, 1)
+    assert torch.allclose(back.view(4, 256), x, rtol=0.07, atol=1e-6)
+    assert torch.allclose(q.float().abs().view(4, 2, 128).amax(-1), torch.tensor(448.0))
+    whole_row = x.abs().amax(-1, keepdim=True) / 448.0
+    assert (x[:, 128:] / whole_row).abs().amax() < 448.0 / 10
