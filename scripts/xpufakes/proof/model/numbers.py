@@ -150,6 +150,31 @@ def attention_that_computes(built) -> int:
     return count
 
 
+def random_where_uninitialized(built) -> list[str]:
+    """The model's tensors (parameters, buffers) the build left with
+    values that are not finite, filled at random like the others (seed
+    0): a layer quantized layer by layer while loading (0.21.0+'s online
+    fp8, `uses_meta_device`) that got no checkpoint tensor is quantized
+    from uninitialized memory. Scales get positive values. Returns their
+    names."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    filled = []
+    with torch.no_grad():
+        for name, tensor in [*built.named_parameters(), *built.named_buffers()]:
+            if not tensor.is_floating_point() or tensor.device.type == "meta":
+                continue
+            if bool(torch.isfinite(tensor.float()).all()):
+                continue
+            values = torch.randn(tensor.shape, generator=generator) * 0.02
+            if "scale" in name.rpartition(".")[2]:
+                values = values.abs() + 1e-3
+            tensor.copy_(values.to(tensor.dtype))
+            filled.append(name)
+    return filled
+
+
 def _compiled_modules(built) -> list:
     """The modules vLLM's @support_torch_compile decorated (do_not_compile)."""
     return [m for m in built.modules() if hasattr(m, "do_not_compile")]
@@ -254,6 +279,9 @@ def compare(
         except Exception as e:  # noqa: BLE001 - the result
             return result | not_built(e, tree, start) | {"result": NOT_RUN}
         result["attention_computed"] = attention_that_computes(built)
+        filled = random_where_uninitialized(built)
+        if filled:
+            result["filled_at_random"] = filled
         for count in tokens:
             inputs = building.inputs(model, built, count)
             try:
