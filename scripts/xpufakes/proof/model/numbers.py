@@ -13,9 +13,15 @@ Each cell's result is the largest absolute difference of the forward's
 output from the eager one, and the largest absolute eager value beside it;
 over the tolerance (TOLERANCE, relative to the largest eager value, as the
 dtype's rounding over two layers allows), or not finite where eager is, the
-cell fails. Uninitialized memory reads as NaN (torch's deterministic fill):
-a buffer a kernel should have written and the compiled graph left empty is
-NaN in the compiled output, never stale data that happens to be right.
+cell fails. Uninitialized memory reads as NaN where torch allocates it
+(its deterministic fill: eager, aot_eager's graph): a buffer a kernel
+should have written and the compiled graph left empty is NaN there, never
+stale data that happens to be right. Inductor's generated code allocates
+its own buffers, which hold whatever the memory held (zeros or NaN in the
+runs so far; a verdict never relies on which). A tensor of the model the
+build left not finite (a layer quantized layer by layer while loading, with
+no checkpoint tensor) is filled at random before the runs
+(random_where_uninitialized).
 
 What is not vLLM's: the backends are torch's own, not VllmBackend (which
 splits the graph at attention and runs its own passes: it needs the
@@ -224,7 +230,8 @@ def _compiled(built, inputs: dict, vllm_config, choice: list, name: str) -> list
 
 class _UninitializedIsNaN:
     """torch.empty gives NaN (torch's deterministic fill of uninitialized
-    memory), in eager and in the compiled graphs' allocations."""
+    memory) where torch allocates: eager, and the aot_eager graph's ops;
+    not Inductor's own buffers."""
 
     def __enter__(self):
         import torch
