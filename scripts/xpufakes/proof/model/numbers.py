@@ -13,15 +13,19 @@ Each cell's result is the largest absolute difference of the forward's
 output from the eager one, and the largest absolute eager value beside it;
 over the tolerance (TOLERANCE, relative to the largest eager value, as the
 dtype's rounding over two layers allows), or not finite where eager is, the
-cell fails. Uninitialized memory reads as NaN where torch allocates it
-(its deterministic fill: eager, aot_eager's graph): a buffer a kernel
-should have written and the compiled graph left empty is NaN there, never
-stale data that happens to be right. Inductor's generated code allocates
-its own buffers, which hold whatever the memory held (zeros or NaN in the
-runs so far; a verdict never relies on which). A tensor of the model the
-build left not finite (a layer quantized layer by layer while loading, with
-no checkpoint tensor) is filled at random before the runs
-(random_where_uninitialized).
+cell fails. Uninitialized memory reads as NaN (_UninitializedIsNaN:
+torch's deterministic fill in eager and aot_eager's graph; the buffers
+Inductor's generated code allocates filled, its reuse of freed buffers
+off): a buffer a kernel should have written and the compiled graph left
+empty is NaN, never stale data that happens to be nearly right. The runs
+are ordered so that memory left behind cannot hold the right values
+either: the token counts fewest first, at each count the compiled runs
+before the eager one (the cells are reported in the order asked). A
+tensor of the model the build left not finite (a layer quantized layer by
+layer while loading, with no checkpoint tensor) is filled at random before
+the runs (random_where_uninitialized). The tolerance is for Inductor's
+rounding (its fused elementwise code in bf16 / fp16: up to 0.7% of the
+largest value seen); a dropped write is caught by its NaN, not by it.
 
 What is not vLLM's: the backends are torch's own, not VllmBackend (which
 splits the graph at attention and runs its own passes: it needs the
@@ -229,27 +233,46 @@ def _compiled(built, inputs: dict, vllm_config, choice: list, name: str) -> list
 
 
 class _UninitializedIsNaN:
-    """torch.empty gives NaN (torch's deterministic fill of uninitialized
-    memory) where torch allocates: eager, and the aot_eager graph's ops;
-    not Inductor's own buffers."""
+    """Uninitialized memory reads as NaN: torch.empty (torch's deterministic
+    fill of uninitialized memory) in eager and in the aot_eager graph, and
+    the buffers Inductor's generated code allocates (its
+    `empty_strided_cpu`, filled), with Inductor's reuse of freed buffers
+    off, so that a buffer no kernel wrote is NaN in any backend."""
 
     def __enter__(self):
         import torch
+        import torch._inductor.config as inductor_config
 
+        guards = torch._C._dynamo.guards
         self.before = (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
             torch.utils.deterministic.fill_uninitialized_memory,
+            guards._empty_strided_cpu,
+            inductor_config.allow_buffer_reuse,
         )
+        allocate = guards._empty_strided_cpu
+
+        def empty_strided_cpu(*args, **kwargs):
+            made = allocate(*args, **kwargs)
+            if made.is_floating_point():
+                made.fill_(float("nan"))
+            return made
+
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
+        guards._empty_strided_cpu = empty_strided_cpu
+        inductor_config.allow_buffer_reuse = False
 
     def __exit__(self, *exc):
         import torch
+        import torch._inductor.config as inductor_config
 
-        enabled, warn_only, fill = self.before
+        enabled, warn_only, fill, allocate, reuse = self.before
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch._C._dynamo.guards._empty_strided_cpu = allocate
+        inductor_config.allow_buffer_reuse = reuse
 
 
 def compare(
@@ -289,43 +312,57 @@ def compare(
         filled = random_where_uninitialized(built)
         if filled:
             result["filled_at_random"] = filled
-        for count in tokens:
-            inputs = building.inputs(model, built, count)
-            try:
-                eager = _eager(built, inputs, vllm_config)
-            except Exception as e:  # noqa: BLE001 - the cell's result
-                result["cells"] += [
-                    _not_run(count, b, f"eager: {_said(e)}") for b in backends
-                ]
-                continue
-            vacuous = _vacuous(eager)
-            if vacuous:
-                result["cells"] += [_not_run(count, b, vacuous) for b in backends]
-                continue
-            for name in backends:
-                begun = time.monotonic()
-                try:
-                    compiled = _compiled(built, inputs, vllm_config, choice, name)
-                except Exception as e:  # noqa: BLE001 - the cell's result
-                    result["cells"].append(_not_run(count, name, _said(e)))
-                    continue
-                worst, scale = difference(eager, compiled)
-                result["cells"].append(
-                    {
-                        "tokens": count,
-                        "backend": name,
-                        "result": verdict(worst, scale),
-                        "difference": worst,
-                        "largest": scale,
-                        "seconds": round(time.monotonic() - begun, 1),
-                    }
-                )
+        # fewest tokens first, each count's compiled runs before its eager
+        # one: memory a run leaves behind holds fewer rows than any later
+        # run's buffers, so a buffer a compiled graph left unwritten never
+        # holds the right values by chance (module docstring)
+        for count in sorted(tokens):
+            result["cells"] += _cells(
+                built, model, vllm_config, choice, count, backends
+            )
+    order = {count: i for i, count in enumerate(tokens)}
+    result["cells"].sort(key=lambda c: order[c["tokens"]])
     results = {c["result"] for c in result["cells"]}
     result["result"] = (
         DIFFERENT if DIFFERENT in results else NOT_RUN if NOT_RUN in results else EQUAL
     )
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
+
+
+def _cells(built, model, vllm_config, choice, count: int, backends) -> list[dict]:
+    """The cells of one token count: each backend's compiled run, then the
+    eager run, compared."""
+    inputs = building.inputs(model, built, count)
+    compiled, cells = {}, []
+    for name in backends:
+        begun = time.monotonic()
+        try:
+            compiled[name] = _compiled(built, inputs, vllm_config, choice, name)
+        except Exception as e:  # noqa: BLE001 - the cell's result
+            cells.append(_not_run(count, name, _said(e)))
+        else:
+            compiled[name] = (compiled[name], round(time.monotonic() - begun, 1))
+    try:
+        eager = _eager(built, inputs, vllm_config)
+    except Exception as e:  # noqa: BLE001 - the cell's result
+        return [_not_run(count, b, f"eager: {_said(e)}") for b in backends]
+    vacuous = _vacuous(eager)
+    if vacuous:
+        return [_not_run(count, b, vacuous) for b in backends]
+    for name, (outputs, seconds) in compiled.items():
+        worst, scale = difference(eager, outputs)
+        cells.append(
+            {
+                "tokens": count,
+                "backend": name,
+                "result": verdict(worst, scale),
+                "difference": worst,
+                "largest": scale,
+                "seconds": seconds,
+            }
+        )
+    return sorted(cells, key=lambda c: backends.index(c["backend"]))
 
 
 def _vacuous(eager: list) -> str:
