@@ -78,6 +78,15 @@ def model_class(model: model_data.Model):
 
 def not_for_this_tree(model: model_data.Model) -> str:
     """ "" or why the entry is not for this tree (its applies_to)."""
+    if model.applies_to.get("kernels") == "vllm-xpu-kernels":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm._xpu_ops") is None:
+            return (
+                "only for trees whose XPU kernels are vllm-xpu-kernels' "
+                "(vllm/_xpu_ops.py); this one runs IPEX's, whose fp8 method "
+                "has no block-fp8 path"
+            )
     method = model.applies_to.get("quantization")
     if not method:
         return ""

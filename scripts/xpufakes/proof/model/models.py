@@ -37,7 +37,9 @@ class Model:
     dtype: str  # the model's dtype (`--dtype`): what its quantization takes
     config: dict
     # the trees the entry is for: {"quantization": "<method>"} only those
-    # whose vLLM knows that quantization method (llm-scaler's sym_int4); {} all
+    # whose vLLM knows that quantization method (llm-scaler's sym_int4);
+    # {"kernels": "vllm-xpu-kernels"} only those of the vllm-xpu-kernels era
+    # (vllm/_xpu_ops.py: the IPEX era's fp8 has no block-fp8 path); {} all
     applies_to: dict = field(default_factory=dict)
     # the environment a user sets to run it (llm-scaler's README: DeepSeek-V2
     # with VLLM_MLA_DISABLE=1), set while it is built and run
