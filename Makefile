@@ -97,8 +97,13 @@ verify-xpu:  ## on an XPU host: opcheck every registered fake against the real k
 	@$(TOOL) verify-xpu $(if $(XPUFAKES_VLLM),--vllm "$$XPUFAKES_VLLM") $(ARGS)
 
 # MODEL= builds a vLLM model from the tree: .venv-tree has vLLM's dependencies
-audit: need-vllm venv $(if $(MODEL),venv-tree)  ## XPU ops in traced code and whether their fakes conform (VLLM=path [MODEL=qwen3_vl_moe: trace it whole; MODEL=a,b or all: a table of model x configuration; TRANSFORMERS=4.57.0: built with the transformers the image pins])
-	@PYTHONPATH="$(CURDIR)/scripts" $(if $(MODEL),$(TREE_VENV)/bin/python,$(VENV_PYTHON)) -m xpufakes audit "$$XPUFAKES_VLLM" $(if $(MODEL),--model "$(MODEL)") $(if $(TRANSFORMERS),--transformers "$(TRANSFORMERS)") $(ARGS)
+# NUMBERS: with MODEL=, the token counts at which each traced configuration
+# is also run eager and compiled (aot_eager, Inductor) and compared
+# (proof/model/numbers.py); NUMBERS=none: not run
+NUMBERS ?= 2048,1,2,16,64
+
+audit: need-vllm venv $(if $(MODEL),venv-tree)  ## XPU ops in traced code and whether their fakes conform (VLLM=path [MODEL=qwen3_vl_moe: trace it whole and compare compiled with eager at NUMBERS=2048,1,2,16,64 tokens; MODEL=a,b or all: a table of model x configuration; TRANSFORMERS=4.57.0: built with the transformers the image pins])
+	@PYTHONPATH="$(CURDIR)/scripts" $(if $(MODEL),$(TREE_VENV)/bin/python,$(VENV_PYTHON)) -m xpufakes audit "$$XPUFAKES_VLLM" $(if $(MODEL),--model "$(MODEL)" --numbers "$(NUMBERS)") $(if $(TRANSFORMERS),--transformers "$(TRANSFORMERS)") $(ARGS)
 
 bench: venv  ## eager vs compiled block, compile counts and time, tool time (BENCHMARKS.md)
 	@PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) tools/bench.py $(ARGS)

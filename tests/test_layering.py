@@ -48,15 +48,16 @@ LAYERS = {
         "scan schematruth",
     ],
     "proof.xpu": [
-        "cpu_kernels builtin device quantize_convert_standin",
+        "cpu_kernels builtin device quantize_convert_standin esimd_kernels",
         "ipex extensions xpu_kernels loading_ops packages sym_int4 reference",
-        "registering",
+        "registering esimd",
     ],
     "proof.model": [
         "models transformers_pin report features",
         "limits catalog",
         "runner environment build",
         "trace",
+        "numbers",
         "cli",
     ],
     "proof": [

@@ -9,7 +9,8 @@ files our series edits) found once per stage:
   the tree can run fails at an XPU call (the negative control); patched,
   every one traces whole (1 graph, 0 graph breaks). DeepSeek-V2's MLA is
   the tree's limit on both stages (data/limits.toml), llm-scaler's
-  sym_int4 entry is not for these trees.
+  sym_int4 entry and the block-fp8 ones (the IPEX era's fp8 has no
+  block-fp8 path) are not for these trees.
 * the newest pin (releases.newest(), the kernels era): unpatched and
   patched, every model traces whole (vLLM's own fakes suffice there); the
   negative control is the tree without vLLM's fp8_gemm_w8a16 /
@@ -55,6 +56,9 @@ B6 = f"b6-like ({downstream.B6_BASE})"
 IPEX = "0.14.1"
 NEWEST = releases.newest()
 TREES = (B6, IPEX, NEWEST)
+# block-fp8 checkpoints: for the vllm-xpu-kernels era only (models.toml
+# applies_to; the IPEX era's fp8 method has no block-fp8 path)
+BLOCK_FP8 = ("qwen3_fp8_block", "deepseek_v2_fp8_block")
 
 
 def run(name: str, stage: str, root: Path) -> dict[str, dict[str, dict]]:
@@ -122,8 +126,9 @@ def test_unpatched_the_ipex_era_fails_at_an_xpu_call(traced):
         assert cell["result"] == "failed", (model, configuration, cell)
         assert catalog.word(cell).startswith("fails at `"), cell
         ran += 1
-    # every model but MLA (the tree's limit) and sym_int4 (not for it)
-    assert ran == 2 * (len(ALL) - 2), ran
+    # every model but MLA (the tree's limit), sym_int4 and block fp8 (not
+    # for it)
+    assert ran == 2 * (len(ALL) - 2 - len(BLOCK_FP8)), ran
 
 
 def test_patched_every_model_traces_whole(traced):
@@ -145,6 +150,9 @@ def test_the_trees_limits_and_the_entries_for_other_trees(traced):
         mla = found["deepseek_v2_fp8"]["default"]
         if name == NEWEST:
             continue
+        for model in BLOCK_FP8:
+            block = found[model]["default"]
+            assert block["result"] == modelproof.NOT_FOR_THIS_TREE, (model, block)
         assert mla["result"] == modelproof.TREE_LIMIT, mla
         assert "'q_lora_rank'" in mla["error"], mla
     if name == NEWEST:

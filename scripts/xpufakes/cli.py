@@ -14,6 +14,7 @@ from xpufakes.changes import authoring, esimdfacts, export, history, opfacts, se
 from xpufakes.common import errors, streams
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit, schemacontracts, verify
+from xpufakes.proof.model.models import NUMBERS_TOKENS
 from xpufakes.trees import fetch, pins, tree
 from xpufakes.verbs import apply, outcome, revert, status, treeexport, treetest
 from xpufakes.verbs.pipeline import Committed
@@ -129,6 +130,7 @@ def cmd_audit(args) -> int:
         args.configurations,
         args.plugin,
         args.transformers,
+        args.numbers,
     )
     if isinstance(result, str):  # not affected
         print(
@@ -274,6 +276,18 @@ def _parser() -> argparse.ArgumentParser:
             "once into the tool's cache",
         },
     )
+    numbers = (
+        "--numbers",
+        {
+            "metavar": "TOKENS",
+            "default": "",
+            "help": "of --model: the token counts at which each traced "
+            "configuration is run eager and compiled (aot_eager, Inductor) "
+            "with the same weights and inputs and compared, e.g. "
+            f"{','.join(map(str, NUMBERS_TOKENS))} (`make audit MODEL=`'s "
+            "default); none by default",
+        },
+    )
     verb(
         "audit",
         cmd_audit,
@@ -286,6 +300,7 @@ def _parser() -> argparse.ArgumentParser:
         model,
         configurations,
         transformers,
+        numbers,
         plugin,
     )
     rest = ("pytest_args", {"nargs": argparse.REMAINDER})

@@ -296,3 +296,54 @@ def esimd_like(root: Path) -> Path:
     for path, text in esimd_texts(texts).items():
         (root / path).write_text(text)
     return root
+
+
+# The ESIMD-GEMV-like tree: the shape of intel/llm-scaler b18beee's decode GEMV
+# (vllm/model_executor/kernels/linear/scaled_mm/xpu.py: at one token, the
+# per-tensor fp8 linear calls custom_esimd_kernels_vllm.esimd_gemv_fp8_pert
+# into a buffer it made, drops the op's result and returns the buffer; the
+# tree registers a fake that returns a new tensor, as its esimd_fake_ops.py
+# does), on a release of make test's set. The op's schema is the image's
+# (data/esimd_schemas.toml): it returns `output` and marks nothing.
+SCALED_MM_XPU = "vllm/model_executor/kernels/linear/scaled_mm/xpu.py"
+ESIMD_GEMV_CALL = """\
+        weight = layer.weight
+        weight_scale = layer.weight_scale
+        if x.shape[0] == 1 and bias is None and weight_scale.numel() == 1:
+            from custom_esimd_kernels_vllm import esimd_gemv_fp8_pert
+
+            out = torch.empty(1, weight.shape[1], dtype=x.dtype, device=x.device)
+            esimd_gemv_fp8_pert(x, weight.t(), weight_scale, out)
+            return out
+        return torch.ops._xpu_C.fp8_gemm_w8a16(x, weight, weight_scale, bias)
+"""
+ESIMD_FAKE = """
+
+try:
+    import custom_esimd_kernels_vllm  # noqa: F401
+
+    torch.library.register_fake(
+        "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert",
+        lambda input, weight, weight_scale, output: torch.empty_like(output),
+    )
+except ImportError:
+    pass
+"""
+
+
+def esimd_gemv_like(version: str, root: Path) -> Path:
+    """A release of make test's set (0.33.0+: scaled_mm/xpu.py) with the
+    decode GEMV of llm-scaler b18beee's shape (ESIMD_GEMV_CALL)."""
+    releases.copy_of(version, root)
+    path = root / SCALED_MM_XPU
+    gemm = "torch.ops._xpu_C.fp8_gemm_w8a16(x, weight, weight_scale, bias)"
+    _replace(
+        path,
+        "        weight = layer.weight\n"
+        "        weight_scale = layer.weight_scale\n"
+        f"        return {gemm}\n",
+        ESIMD_GEMV_CALL,
+    )
+    text = path.read_text()
+    path.write_text(text + ESIMD_FAKE)
+    return root

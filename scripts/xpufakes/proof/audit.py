@@ -237,11 +237,13 @@ def run(
     configurations: str = "default,sp",
     plugin: str = "",
     transformers: str = "",
+    numbers: str = "",
 ) -> "Result | str":
     """`make audit`: the audit of a tree (with `model`, that model traced
     whole too, or several: "a,b" or "all", after one audit and in one
     process: proof/model; built with the `transformers` release, if
-    given), or what makes it not affected (a release in
+    given; `numbers`: the token counts at which each traced configuration
+    is compared, compiled with eager), or what makes it not affected (a release in
     which nothing on XPU is traced). Refused if the fakes are to be loaded
     (`dynamic`) or a model traced and this Python has no torch."""
     unaffected = base.not_affected(found)
@@ -266,6 +268,7 @@ def run(
             configurations,
             plugin=installed.directory if installed else None,
             transformers=transformers,
+            numbers=numbers,
         )
     return result
 

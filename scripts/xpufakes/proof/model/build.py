@@ -5,14 +5,32 @@ process, TP=1, or one of TENSOR_PARALLEL's processes), the model class the
 tree names, random weights, vLLM's own processing after loading; and the
 inputs of the forward the start-up compiles."""
 
+import contextlib
 import importlib
 import json
 import logging
+import os
 from pathlib import Path
 
 from xpufakes.proof.model import features
 from xpufakes.proof.model import models as model_data
 from xpufakes.proof.model.features import SP_FIELDS
+
+
+@contextlib.contextmanager
+def environment_of(model: model_data.Model):
+    """The model's environment (models.toml `env`) set while it is built,
+    traced and run; as it was, after."""
+    before = {name: os.environ.get(name) for name in model.env}
+    os.environ.update({name: str(value) for name, value in model.env.items()})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def config_dir(model: model_data.Model, work: Path) -> Path:
@@ -68,6 +86,15 @@ def model_class(model: model_data.Model):
 
 def not_for_this_tree(model: model_data.Model) -> str:
     """ "" or why the entry is not for this tree (its applies_to)."""
+    if model.applies_to.get("kernels") == "vllm-xpu-kernels":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm._xpu_ops") is None:
+            return (
+                "only for trees whose XPU kernels are vllm-xpu-kernels' "
+                "(vllm/_xpu_ops.py); this one runs IPEX's, whose fp8 method "
+                "has no block-fp8 path"
+            )
     method = model.applies_to.get("quantization")
     if not method:
         return ""

@@ -66,7 +66,7 @@ import time
 from pathlib import Path
 
 from xpufakes.proof.model import build as building
-from xpufakes.proof.model import environment, features
+from xpufakes.proof.model import environment, features, numbers
 from xpufakes.proof.model import models as model_data
 from xpufakes.proof.model.trace import not_built, trace_one
 from xpufakes.proof.xpu import registering
@@ -113,18 +113,32 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--distributed-init", default="")
+    parser.add_argument(
+        "--numbers",
+        default="",
+        help="the token counts at which each traced configuration is also "
+        "run eager and compiled (aot_eager, Inductor) and compared "
+        "(numbers.py), e.g. 2048,1,2,16,64; none by default",
+    )
+    parser.add_argument(
+        "--esimd-truthful",
+        action="store_true",
+        help="a control: the ESIMD ops whose schemas lie declare what they "
+        "write (data/schema_contracts.toml) instead of the image's schemas",
+    )
     args = parser.parse_args(argv)
     building.TENSOR_PARALLEL.update(
         size=args.tensor_parallel_size, rank=args.rank, init=args.distributed_init
     )
     tree = Path(args.tree).resolve()
+    counts = model_data.token_counts(args.numbers)
     known = model_data.load()
     chosen_models = [known[name] for name in args.model.split(",")]
     chosen = model_data.configurations(args.configurations)
     start = time.monotonic()
     kept, failed = [], None
     try:
-        kept = environment.setup(tree, args.standins)
+        kept = environment.setup(tree, args.standins, args.esimd_truthful)
     except Exception as e:  # noqa: BLE001 - every model is not built
         failed = not_built(e, tree)
     imported = time.monotonic() - start
@@ -132,7 +146,14 @@ def main(argv: list[str]) -> int:
     def each(model, work: Path) -> list[dict]:
         if failed is not None:
             return [{"configuration": c} | failed for c in chosen]
-        return [trace_one(model, c, work, tree) for c in chosen]
+        with building.environment_of(model):
+            cells = [trace_one(model, c, work, tree) for c in chosen]
+            for cell in cells:
+                if counts and cell["result"] in ("traced", "writes lost"):
+                    cell["numbers"] = numbers.compare(
+                        model, cell["configuration"], work, tree, counts
+                    )
+        return cells
 
     found = {
         m.name: {"tree": str(tree), "model": m.name, "what": m.what}

@@ -12,6 +12,7 @@ from pathlib import Path
 from xpufakes.proof.model import features
 from xpufakes.proof.xpu import (
     device,
+    esimd,
     extensions,
     ipex,
     loading_ops,
@@ -32,17 +33,28 @@ HELPERS: list[str] = []
 TEMPORARY: list[Path] = []
 
 
-def setup(tree: Path, standins: str) -> list:
+def setup(tree: Path, standins: str, esimd_truthful: bool = False) -> list:
     """The stand-ins, then vLLM's XPU platform as its current platform, as
     the tree's features ask (features.py). Returns what must stay referenced
-    (the ops' libraries)."""
+    (the ops' libraries). `esimd_truthful`: the control in which the ESIMD
+    ops whose schemas lie declare their writes (esimd.install)."""
     sys.path.insert(0, str(tree))
+    kept: list = []
+    # vLLM's ops registered for the XPU run on the CPU's tensors too (eager)
+    device.xpu_kernels_run_on_cpu()
     if features.streaming_loader(tree):
         # the weights made on the CPU while loading (none arrive here)
         os.environ[features.OFFLOAD_WEIGHTS] = "1"
     packages.install_torchvision()
     packages.install_downstream_packages()
-    kept = [ipex.define_torch_ipex_ops(), loading_ops.define_loading_ops("torch_ipex")]
+    # intel/llm-scaler's ESIMD kernel package, from its schemas (data), with
+    # CPU kernels that compute (esimd.py): for a tree of an image that loads it
+    if _loads_esimd(tree):
+        esimd_ops, said = esimd.install(_version(tree), esimd_truthful)
+        kept += esimd_ops
+        if said:
+            HELPERS.append(said)
+    kept += [ipex.define_torch_ipex_ops(), loading_ops.define_loading_ops("torch_ipex")]
     # IPEX's WOQ linear module (int4 AWQ / GPTQ: IPEXAWQLinearMethod,
     # IPEXGPTQLinearMethod make it while loading): the reference one, whose
     # forward calls the torch_ipex WOQ ops as IPEX's XPU forward does
@@ -94,6 +106,23 @@ def setup(tree: Path, standins: str) -> list:
     if features.inline_call_of_torch_28(tree):
         _give_inline_call_its_argument()
     return kept
+
+
+def _loads_esimd(root: Path) -> bool:
+    """Whether the tree's Python names intel/llm-scaler's ESIMD package."""
+    name = esimd.ESIMD_PACKAGE.encode()
+    return any(name in p.read_bytes() for p in (root / "vllm").rglob("*.py"))
+
+
+def _version(root: Path) -> str:
+    """The tree's vLLM release ("" where it cannot be told)."""
+    from xpufakes.common.errors import Refusal
+    from xpufakes.trees import tree as trees
+
+    try:
+        return trees.detect_version(trees.locate(str(root)))[0]
+    except Refusal:
+        return ""
 
 
 def _give_inline_call_its_argument() -> None:

@@ -17,6 +17,13 @@ CONFIGURATIONS = {
     "sp": "sequence parallelism on (vLLM turns +rms_norm on)",
 }
 
+# The token counts (max_num_batched_tokens) at which `make audit MODEL=`
+# compares a traced model's compiled forward with its eager one
+# (numbers.py): the start-up's, then those that take the trees' other
+# branches (a decode GEMV at 1, batched ESIMD GEMMs and norms at 2..64, the
+# block-fp8 GEMV below 16)
+NUMBERS_TOKENS = (2048, 1, 2, 16, 64)
+
 
 @dataclass(frozen=True)
 class Model:
@@ -30,8 +37,13 @@ class Model:
     dtype: str  # the model's dtype (`--dtype`): what its quantization takes
     config: dict
     # the trees the entry is for: {"quantization": "<method>"} only those
-    # whose vLLM knows that quantization method (llm-scaler's sym_int4); {} all
+    # whose vLLM knows that quantization method (llm-scaler's sym_int4);
+    # {"kernels": "vllm-xpu-kernels"} only those of the vllm-xpu-kernels era
+    # (vllm/_xpu_ops.py: the IPEX era's fp8 has no block-fp8 path); {} all
     applies_to: dict = field(default_factory=dict)
+    # the environment a user sets to run it (llm-scaler's README: DeepSeek-V2
+    # with VLLM_MLA_DISABLE=1), set while it is built and run
+    env: dict = field(default_factory=dict)
 
 
 def load() -> dict[str, Model]:
@@ -48,6 +60,7 @@ def load() -> dict[str, Model]:
             entry["dtype"],
             entry["config"],
             entry.get("applies_to", {}),
+            entry.get("env", {}),
         )
         for name, entry in data.items()
     }
@@ -63,3 +76,13 @@ def configurations(text: str) -> list[str]:
             f"(known: {', '.join(CONFIGURATIONS)})"
         )
     return chosen
+
+
+def token_counts(text: str) -> tuple[int, ...]:
+    """ "2048,1" -> (2048, 1); "none" or "" -> (); ValueError otherwise."""
+    if text.strip() in ("", "none", "0"):
+        return ()
+    counts = tuple(int(t) for t in text.split(",") if t.strip())
+    if any(c < 1 for c in counts):
+        raise ValueError(f"token counts are positive: {text!r}")
+    return counts

@@ -22,11 +22,72 @@ ERRORS = ("failed", "not built")
 KINDS = ("traced", TREE_LIMIT, PROOF_LIMIT, NOT_FOR_THIS_TREE)
 
 
+# numbers.py's results (no torch here): a cell compiled = eager within
+# tolerance, compiled != eager, or not run (eager or the compile raised)
+NUMBERS_DIFFERENT, NUMBERS_NOT_RUN = "different", "not run"
+
+
 def failing(found: dict) -> bool:
     return any(
         c["result"] not in ("traced", TREE_LIMIT, PROOF_LIMIT, NOT_FOR_THIS_TREE)
+        or c.get("numbers", {}).get("result") == NUMBERS_DIFFERENT
         for c in found["configurations"]
     )
+
+
+def _difference(value: float) -> str:
+    return "nan" if value != value else f"{value:.3g}"
+
+
+def numbers_brief(n: dict) -> str:
+    """A configuration's numbers in a few words: compiled = eager (the
+    largest difference of any cell), or where it is not."""
+    cells = n.get("cells", [])
+    if not cells:
+        return f"numbers not run: {n.get('error', 'no cell')}"
+    different = [c for c in cells if c["result"] == NUMBERS_DIFFERENT]
+    not_run = [c for c in cells if c["result"] == NUMBERS_NOT_RUN]
+    if different:
+        where = sorted({f"{c['tokens']}" for c in different}, key=int)
+        return f"compiled != eager at {', '.join(where)} tokens"
+    ran = [c for c in cells if c["result"] not in (NUMBERS_DIFFERENT, NUMBERS_NOT_RUN)]
+    said = ""
+    if ran:
+        worst = max(c["difference"] for c in ran)
+        said = f"compiled = eager (largest difference {_difference(worst)})"
+    if not_run:
+        where = sorted({f"{c['tokens']}" for c in not_run}, key=int)
+        said += ("; " if said else "") + f"numbers not run at {', '.join(where)}"
+    return said
+
+
+def numbers_lines(n: dict) -> list[str]:
+    """A configuration's numbers, a line per token count: each backend's
+    largest difference from eager and its verdict."""
+    lines = [
+        "      compiled vs eager, same weights and inputs, traced afresh at "
+        "each count (numbers.py; tolerance: 2% of the largest eager value):"
+    ]
+    if not n.get("cells"):
+        lines.append(f"        not run: {n.get('error', '')}")
+    by_count: dict[int, list[dict]] = {}
+    for c in n.get("cells", []):
+        by_count.setdefault(c["tokens"], []).append(c)
+    for count, cells in by_count.items():
+        said = []
+        for c in cells:
+            if c["result"] == NUMBERS_NOT_RUN:
+                said.append(f"{c['backend']} not run ({c['error']})")
+            else:
+                verdict = "FAIL" if c["result"] == NUMBERS_DIFFERENT else "ok"
+                said.append(
+                    f"{c['backend']} {_difference(c['difference'])} {verdict} "
+                    f"({c['seconds']} s)"
+                )
+        largest = next((c["largest"] for c in cells if "largest" in c), None)
+        beside = f"; largest eager value {_difference(largest)}" if largest else ""
+        lines.append(f"        {count} tokens: {', '.join(said)}{beside}")
+    return lines
 
 
 def _what(result: dict) -> str:
@@ -63,10 +124,19 @@ def cell(c: dict, short: bool = False) -> str:
 
     tp = f" (TP={c['tensor_parallel']})" if c.get("tensor_parallel", 1) > 1 else ""
     if c["result"] == "traced":
-        return (
+        said = (
             f"traced whole, {c['graphs']} graph(s), "
             f"{c['graph_breaks']} graph break(s){tp}"
         )
+        if c.get("numbers"):
+            brief = numbers_brief(c["numbers"])
+            failed = c["numbers"].get("result") == NUMBERS_DIFFERENT
+            said = (
+                f"{'fails' if failed else said}; {brief}"
+                if short
+                else f"{said}; {brief}"
+            )
+        return said
     if c["result"] == "failed":
         return f"fails, {_what(c)} at {at(c['where'])}{tp}"
     if c["result"] == "writes lost":
@@ -108,6 +178,14 @@ def matrix(found: list[dict]) -> str:
     cells = [c for m in found for c in m["configurations"]]
     counts = {kind: sum(c["result"] == kind for c in cells) for kind in KINDS}
     said = [f"{counts['traced']} of {len(cells)} traced whole"]
+    compared = [c["numbers"].get("result") for c in cells if c.get("numbers")]
+    if compared:
+        said.append(
+            f"numbers of {len(compared)}: "
+            f"{compared.count('equal')} compiled = eager, "
+            f"{compared.count(NUMBERS_DIFFERENT)} compiled != eager, "
+            f"{compared.count(NUMBERS_NOT_RUN)} not run"
+        )
     # the excused cells, always counted: what the tree cannot run on XPU
     said.append(f"{counts[TREE_LIMIT]} excused as the tree's limit (data/limits.toml)")
     if counts[PROOF_LIMIT]:
@@ -115,6 +193,11 @@ def matrix(found: list[dict]) -> str:
     if counts[NOT_FOR_THIS_TREE]:
         said.append(f"{counts[NOT_FOR_THIS_TREE]} not for this tree")
     failed = len(cells) - sum(counts.values())
+    failed += sum(
+        c["result"] == "traced"
+        and c.get("numbers", {}).get("result") == NUMBERS_DIFFERENT
+        for c in cells
+    )
     if failed:
         said.append(f"{failed} FAIL")
     lines.append("  " + "; ".join(said))
@@ -162,13 +245,20 @@ def _cell_lines(c: dict) -> list[str]:
             tokens += f"; TP={c['tensor_parallel']}, {c['tensor_parallel']} processes"
         said = f"  {c['configuration']} (custom ops: {custom_ops}{tokens}): "
         if c["result"] == "traced":
+            numbers = c.get("numbers")
+            failed = bool(numbers) and numbers.get("result") == NUMBERS_DIFFERENT
             lines = [
-                said + f"ok: traced whole, {c['graphs']} graph(s), "
-                f"{c['graph_breaks']} graph break(s)",
+                said + f"{'FAIL' if failed else 'ok'}: traced whole, "
+                f"{c['graphs']} graph(s), {c['graph_breaks']} graph break(s)"
+                + (f"; {numbers_brief(numbers)}" if numbers else ""),
                 f"      ops in the graph: {', '.join(c['ops'])}",
             ]
+            if numbers:
+                lines += numbers_lines(numbers)
         elif c["result"] == "writes lost":
             lines = [said + f"FAIL: {c['error']}"]
+            if c.get("numbers"):
+                lines += numbers_lines(c["numbers"])
         elif c["result"] == "failed":
             lines = [said + f"FAIL: {_what(c)}"]
             lines.extend(f"      {where}" for where in c["where"])

@@ -66,6 +66,8 @@ def run_all(
     plugin: Path | None = None,
     transformers: str = "",
     tensor_parallel: int = 2,
+    numbers: str = "",
+    esimd_truthful: bool = False,
 ) -> list[dict]:
     """The model proof's result for each of the models (its JSON), traced in one
     process with `python` (this one if not given) that sets up once, each
@@ -76,8 +78,13 @@ def run_all(
     plugin is installed in, whose register() runs before the models are
     built. `tensor_parallel` > 1: the cells the one process could not run
     (the proof's limit: sequence parallelism, which the tree turns off at
-    TP=1) traced again in that many processes (in_tensor_parallel)."""
+    TP=1) traced again in that many processes (in_tensor_parallel).
+    `numbers`: the token counts at which each traced configuration's
+    compiled forward is compared with its eager one (proof/model/numbers.py;
+    "" none); `esimd_truthful`: the control in which the ESIMD ops whose
+    schemas lie declare their writes (proof/xpu/esimd.py)."""
     models.configurations(configurations)
+    models.token_counts(numbers)
     python = python or sys.executable
     env = isolated.env()  # nothing written to the tree
     if transformers:
@@ -88,7 +95,9 @@ def run_all(
         done = subprocess.run(
             [python, "-m", "xpufakes.proof.model.cli", str(root), ",".join(chosen)]
             + [str(out), "--standins", standins, "--configurations", configurations]
-            + (["--plugin", str(plugin)] if plugin else []),
+            + (["--plugin", str(plugin)] if plugin else [])
+            + (["--numbers", numbers] if numbers else [])
+            + (["--esimd-truthful"] if esimd_truthful else []),
             capture_output=True,
             text=True,
             env=env,

@@ -177,5 +177,24 @@ def dynamic_per_token_scaled_fp8_quant(result, input, scale, scale_ub) -> None:
     result.copy_(quantized.to(result.dtype))
 
 
+def per_token_group_fp8_quant(
+    input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, *_
+) -> None:
+    """vLLM's `per_token_group_fp8_quant`: each group of `group_size` along
+    the last dimension scaled by max(|x|, eps) / fp8_max (a power of two
+    above it with `scale_ue8m0`), quantized into output_q, the scales into
+    output_s ([tokens, groups], or its transpose)."""
+    x = input.float().reshape(*input.shape[:-1], -1, group_size)
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=eps) / fp8_max
+    if scale_ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    q = (x / scale).clamp(fp8_min, fp8_max).reshape(input.shape)
+    output_q.copy_(q.to(output_q.dtype))
+    scales = scale.squeeze(-1).reshape(-1, x.shape[-2])
+    if tuple(output_s.shape) != tuple(scales.shape):
+        scales = scales.t()
+    output_s.copy_(scales.reshape(output_s.shape))
+
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")

@@ -42,3 +42,28 @@ class XPUOnCPU(torch.overrides.TorchFunctionMode):
         args = tuple(self._cpu(a) for a in args)
         kwargs = {k: self._cpu(v) for k, v in kwargs.items()}
         return func(*args, **kwargs)
+
+
+_XPU_ALSO_CPU: list = []
+
+
+def xpu_kernels_run_on_cpu() -> None:
+    """A Python kernel registered for the XPU dispatch key (vLLM registers
+    its own ops for current_platform.dispatch_key: "XPU" on the XPU
+    platform) is registered for the CPU key too, where none is: the
+    proof's tensors are on the CPU, and an eager run of the model calls
+    those ops with them. Nothing else changes: a trace uses the ops' fakes."""
+    if _XPU_ALSO_CPU:
+        return
+    original = torch.library.Library.impl
+
+    def impl(self, op_name, fn, dispatch_key="", *args, **kwargs):
+        done = original(self, op_name, fn, dispatch_key, *args, **kwargs)
+        if dispatch_key == "XPU" and callable(fn):
+            name = op_name if "::" in op_name else f"{self.ns}::{op_name}"
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+                original(self, op_name, fn, "CPU", *args, **kwargs)
+        return done
+
+    torch.library.Library.impl = impl
+    _XPU_ALSO_CPU.append(original)

@@ -23,6 +23,7 @@ from xpufakes.proof.xpu.cpu_kernels import (
     fused_add_rms_norm,
     gelu_tanh,
     mul_and_silu,
+    per_token_group_fp8_quant,
     rms_norm,
     rotary_embedding,
 )
@@ -48,6 +49,7 @@ XPU_KERNELS_C: dict[str, Callable] = {
     "gelu_quick": elementwise(lambda x: x * torch.sigmoid(1.702 * x)),
     "rotary_embedding": rotary_embedding,
     "dynamic_per_token_scaled_fp8_quant": dynamic_per_token_scaled_fp8_quant,
+    "per_token_group_fp8_quant": per_token_group_fp8_quant,
 }
 
 

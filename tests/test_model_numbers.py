@@ -1,0 +1,274 @@
+"""Compiled = eager, in numbers (proof/model/numbers.py, issue 42 item 3):
+a model of the catalog built once, run eagerly and compiled as vLLM
+compiles it (aot_eager and Inductor) with the same weights and inputs,
+traced afresh at each token count.
+
+In `make test` (the ESIMD-GEMV-like tree, support/downstream.py
+esimd_gemv_like: the newest pin
+with the decode GEMV of llm-scaler b18beee's shape, which drops the
+result of custom_esimd_kernels_vllm.esimd_gemv_fp8_pert and returns the
+buffer it passed; the op has the image's schema, which marks nothing, and
+the tree's fake returns a new tensor, as the image's does):
+
+  1 token, the image's schema     compiled != eager (aot_eager, Inductor):
+                                  the write is dropped, the buffer is NaN
+  2 tokens (the branch not taken) compiled = eager: the control that the
+                                  comparison passes where nothing lies
+  1 token, the truthful schema    compiled = eager: the same kernel, its
+                                  write declared (`Tensor(a!) output`)
+
+On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
+has none): the block-fp8 model with N = 192 (deepseek_v2_fp8_block) takes
+the ESIMD block GEMM at the start-up's 2048 tokens: compiled != eager,
+unpatched; the aligned one (qwen3_fp8_block) only below 16 tokens. With
+the truthful schemas, compiled = eager. After `make apply`: equal where
+the static audit no longer finds the lie on the traced path (the fix of
+the esimd-fix branch), and still different where it does (today).
+
+What is stood in: the device (the ESIMD kernels and XPU flash attention
+are XPU code; their CPU references compute what the C++ writes), as
+numbers.py and proof/xpu/esimd.py say."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_model_trace import TREE_PYTHON
+
+from support import downstream, releases, tool
+from xpufakes.proof import audit
+from xpufakes.proof.model import numbers
+from xpufakes.proof.model import report as model_report
+from xpufakes.proof.model import runner as model_runner
+from xpufakes.trees import tree
+
+pytestmark = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
+
+# a per-tensor fp8 checkpoint: its weights are the checkpoint's (random
+# here), not made while loading
+MODEL = "llama3_fp8_checkpoint"
+GEMV = "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert"
+BLOCK_GEMM = "custom_esimd_kernels_vllm::esimd_gemm_fp8_blockscale"
+
+
+def default(found: dict) -> dict:
+    [cell] = [c for c in found["configurations"] if c["configuration"] == "default"]
+    return cell
+
+
+def cells(found: dict) -> dict[tuple[int, str], dict]:
+    """(tokens, backend) -> cell, of the default configuration (traced
+    whole, or its writes lost: both are compared)."""
+    traced = default(found)
+    assert traced["result"] in ("traced", "writes lost"), traced
+    return {(c["tokens"], c["backend"]): c for c in traced["numbers"]["cells"]}
+
+
+def prove(root: Path, models: list[str], counts: str, truthful=False) -> list:
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    return model_runner.run_all(
+        root,
+        models,
+        kernels,
+        "default",
+        str(TREE_PYTHON),
+        numbers=counts,
+        esimd_truthful=truthful,
+    )
+
+
+def verdicts(found: dict) -> dict[tuple[int, str], str]:
+    return {key: c["result"] for key, c in cells(found).items()}
+
+
+def test_a_dropped_write_is_caught_in_numbers_and_a_truthful_schema_is_not(
+    tmp_path,
+):
+    root = downstream.esimd_gemv_like(releases.newest(), tmp_path / "tree")
+    [lying] = prove(root, [MODEL], "1,2")
+    found = cells(lying)
+    for backend in numbers.BACKENDS:
+        dropped, control = found[(1, backend)], found[(2, backend)]
+        assert dropped["result"] == numbers.DIFFERENT, dropped
+        # NaN where the empty buffer is torch's (aot_eager: deterministic
+        # fill), whatever memory held where Inductor allocates it
+        assert not dropped["difference"] <= 0.02 * dropped["largest"], dropped
+        assert control["result"] == numbers.EQUAL, control
+        assert control["largest"] > 0, control  # something was compared
+    assert model_report.failing(lying)
+    said = model_report.table(lying)
+    assert "graph break(s); compiled != eager at 1 tokens" in said, said
+    assert "FAIL: traced whole" in said, said
+    assert "1 tokens: aot_eager nan FAIL" in said, said
+    assert "2 tokens: aot_eager 0 ok" in said, said
+    # the truthful control: the same kernel with its write declared
+    [truthful] = prove(root, [MODEL], "1", truthful=True)
+    assert "TRUTHFUL CONTROL" in truthful["standins"], truthful["standins"]
+    assert set(verdicts(truthful).values()) == {numbers.EQUAL}, cells(truthful)
+    assert not model_report.failing(truthful)
+    for c in cells(truthful).values():
+        assert c["largest"] > 0 and c["difference"] <= 0.02 * c["largest"], c
+
+
+def test_a_cell_with_nothing_to_compare_is_not_equal():
+    """An eager output that is NaN or all zeros compares nothing: the cell
+    is not run, never equal (the negative control of `largest > 0`)."""
+    import torch
+
+    assert numbers._vacuous([torch.zeros(3)]) == (
+        "the eager output is all zeros: nothing compared"
+    )
+    assert "not finite" in numbers._vacuous([torch.tensor([1.0, float("nan")])])
+    assert numbers._vacuous([torch.tensor([0.0, 1.0])]) == ""
+    assert numbers.verdict(0.01, 1.0) == numbers.EQUAL
+    assert numbers.verdict(0.03, 1.0) == numbers.DIFFERENT
+    assert numbers.verdict(float("nan"), 1.0) == numbers.DIFFERENT
+    eager = [torch.tensor([1.0, 2.0])]
+    assert numbers.difference(eager, [torch.tensor([1.0, float("nan")])])[0] != 0
+    assert numbers.difference(eager, [torch.tensor([1.0, 2.5])]) == (0.5, 2.0)
+    assert numbers.difference(eager, [torch.tensor([1.0])])[0] != 0  # shape
+
+
+# --- the real b18beee tree (opt-in) ------------------------------------------
+
+GIT_DIR = os.environ.get("XPUFAKES_LLM_SCALER", "")
+BLOCK_MODELS = ["deepseek_v2_fp8_block", "qwen3_fp8_block"]
+
+
+def lie_reached(root: Path, op: str) -> bool:
+    """Whether the static audit finds `op`'s schema lie on the traced path."""
+    result = tool.run("audit", str(root), "--json", "--static")
+    truth = json.loads(result.stdout)["schema_truth"]
+    return any(o["op"] == op and o["reached"] for o in truth["ops"])
+
+
+@pytest.mark.skipif(
+    not GIT_DIR or not Path(GIT_DIR).is_dir(),
+    reason="set XPUFAKES_LLM_SCALER to an intel/llm-scaler git directory",
+)
+def test_block_fp8_on_the_real_b18beee_tree(tmp_path):
+    from test_llm_scaler_trees import rebuild
+
+    root = rebuild("b18beee", tmp_path / "b18beee")
+    unpatched = {m["model"]: m for m in prove(root, BLOCK_MODELS, "2048,1")}
+    truthful = {m["model"]: m for m in prove(root, BLOCK_MODELS, "2048,1", True)}
+    for backend in numbers.BACKENDS:
+        # N = 192: the ESIMD block GEMM at every count, its write dropped
+        odd = verdicts(unpatched["deepseek_v2_fp8_block"])
+        assert odd[(2048, backend)] == odd[(1, backend)] == numbers.DIFFERENT, odd
+        # aligned: oneDNN's matmul from 16 tokens, the ESIMD GEMM below
+        aligned = verdicts(unpatched["qwen3_fp8_block"])
+        assert aligned[(2048, backend)] == numbers.EQUAL, aligned
+        assert aligned[(1, backend)] == numbers.DIFFERENT, aligned
+    # the trace at 2048 tokens sees the dropped op of the non-aligned one
+    # too ("writes lost"); the aligned one's is only below 16 tokens, where
+    # only the numbers look
+    lost = default(unpatched["deepseek_v2_fp8_block"])
+    assert lost["result"] == "writes lost", lost
+    assert lost["dropped"] == [BLOCK_GEMM], lost
+    assert default(unpatched["qwen3_fp8_block"])["result"] == "traced"
+    for found in truthful.values():
+        assert default(found)["result"] == "traced", default(found)
+        assert set(verdicts(found).values()) == {numbers.EQUAL}, cells(found)
+    patched = tmp_path / "patched"
+    shutil.copytree(root, patched, symlinks=True)
+    applied = tool.run("apply", str(patched), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    after = {m["model"]: m for m in prove(patched, BLOCK_MODELS, "2048,1")}
+    # the fix (branch esimd-fix) makes the op a vLLM op that declares its
+    # write: the audit stops finding the lie, and the numbers agree. Until
+    # it is merged, the lie is found and compiled != eager after apply too.
+    expected = numbers.DIFFERENT if lie_reached(patched, BLOCK_GEMM) else numbers.EQUAL
+    odd = verdicts(after["deepseek_v2_fp8_block"])
+    assert set(odd.values()) == {expected}, (
+        expected,
+        cells(after["deepseek_v2_fp8_block"]),
+    )
+
+
+# --- the reference kernels ----------------------------------------------------
+
+
+def test_the_block_gemm_reference_is_the_block_math_and_refuses_what_the_cxx_refuses():
+    """esimd_gemm_fp8_blockscale's CPU kernel against the block
+    dequantization written out block by block; it writes `output` and
+    returns that tensor; a non-aligned K is refused as its C++ refuses it
+    (esimd_kernel_gemm.sycl:116). Negative control: one scale per row of
+    blocks instead of per block gives another result."""
+    import torch
+
+    from xpufakes.proof.xpu import esimd_kernels
+
+    g = torch.Generator().manual_seed(0)
+    m, n, k = 3, 192, 256  # N: one and a half blocks
+    x = torch.randn(m, k, generator=g).half()
+    w = (torch.randn(n, k, generator=g) * 0.1).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 2, generator=g) + 0.5
+    expected = torch.zeros(m, n)
+    for nb in range(2):
+        for kb in range(2):
+            rows, cols = (
+                slice(nb * 128, (nb + 1) * 128),
+                slice(kb * 128, (kb + 1) * 128),
+            )
+            block = w[rows, cols].float() * scale[nb, kb]
+            expected[:, rows] += x[:, cols].float() @ block.t()
+    out = torch.full((m, n), float("nan"), dtype=torch.float16)
+    returned = esimd_kernels.gemm_fp8_blockscale(x, w, scale, out, 128, 128)
+    assert returned is out
+    assert torch.allclose(out.float(), expected, rtol=1e-2, atol=1e-2)
+    per_row = scale[:, :1].expand(2, 2).contiguous()
+    wrong = esimd_kernels.gemm_fp8_blockscale(x, w, per_row, out.clone(), 128, 128)
+    assert not torch.allclose(wrong.float(), expected, rtol=1e-2, atol=1e-2)
+    with pytest.raises(RuntimeError, match="K must be a multiple of block_k"):
+        esimd_kernels.gemm_fp8_blockscale(
+            x[:, :192].contiguous(), w[:, :192].contiguous(), scale, out, 128, 128
+        )
+
+
+def test_the_fused_add_norm_reference_writes_both_buffers():
+    """esimd_fused_add_rms_norm: residual += hidden_states, hidden_states =
+    rmsnorm(residual) * weight, in place; returns hidden_states. Negative
+    control: the buffers as they were are not the result."""
+    import torch
+
+    from xpufakes.proof.xpu import esimd_kernels
+
+    g = torch.Generator().manual_seed(1)
+    hidden, residual = torch.randn(2, 64, generator=g).half(), torch.randn(2, 64).half()
+    weight = torch.rand(64, generator=g).half() + 1
+    total = hidden.float() + residual.float()
+    normed = total / torch.sqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6)
+    h, r = hidden.clone(), residual.clone()
+    returned = esimd_kernels.fused_add_rms_norm(h, r, weight, 1e-6)
+    assert returned is h
+    assert torch.allclose(r.float(), total, atol=1e-2)
+    assert torch.allclose(h.float(), normed * weight.float(), atol=2e-2)
+    assert not torch.allclose(hidden.float(), h.float(), atol=2e-2)
+    assert not torch.allclose(residual.float(), r.float(), atol=1e-2)
+
+
+def test_the_group_quant_reference_round_trips_within_fp8():
+    """_C::per_token_group_fp8_quant's CPU kernel: dequantized (q * scale
+    per group) it is the input within e4m3's precision, and each group's
+    largest value reaches fp8_max. Negative control: a scale taken over the
+    whole row, not the group, leaves a group with a small range far below
+    fp8_max."""
+    import torch
+
+    from xpufakes.proof.xpu.cpu_kernels import per_token_group_fp8_quant
+
+    x = torch.randn(4, 256)
+    x[:, 128:] *= 0.01  # a second group of small values
+    q = torch.empty(4, 256, dtype=torch.float8_e4m3fn)
+    s = torch.empty(4, 2)
+    per_token_group_fp8_quant(x, q, s, 128, 1e-10, -448.0, 448.0, False)
+    back = q.float().view(4, 2, 128) * s.view(4, 2, 1)
+    assert torch.allclose(back.view(4, 256), x, rtol=0.07, atol=1e-6)
+    assert torch.allclose(q.float().abs().view(4, 2, 128).amax(-1), torch.tensor(448.0))
+    whole_row = x.abs().amax(-1, keepdim=True) / 448.0
+    assert (x[:, 128:] / whole_row).abs().amax() < 448.0 / 10
