@@ -21,9 +21,10 @@ On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
 has none): the block-fp8 model with N = 192 (deepseek_v2_fp8_block) takes
 the ESIMD block GEMM at the start-up's 2048 tokens: compiled != eager,
 unpatched; the aligned one (qwen3_fp8_block) only below 16 tokens. With
-the truthful schemas, compiled = eager. After `make apply`: equal where
-the static audit no longer finds the lie on the traced path (the fix of
-the esimd-fix branch), and still different where it does (today).
+the truthful schemas, compiled = eager. After `make apply` (the lying
+ops run as vLLM ops that declare their writes), and with the plugin
+installed on the tree as it is: the static audit finds no lie on the
+traced path, and compiled = eager at every count.
 
 What is stood in: the device (the ESIMD kernels and XPU flash attention
 are XPU code; their CPU references compute what the C++ writes), as
@@ -68,7 +69,9 @@ def cells(found: dict) -> dict[tuple[int, str], dict]:
     return {(c["tokens"], c["backend"]): c for c in traced["numbers"]["cells"]}
 
 
-def prove(root: Path, models: list[str], counts: str, truthful=False) -> list:
+def prove(
+    root: Path, models: list[str], counts: str, truthful=False, plugin=None
+) -> list:
     kernels = audit.kernels_of(tree.locate(str(root)))
     return model_runner.run_all(
         root,
@@ -76,6 +79,7 @@ def prove(root: Path, models: list[str], counts: str, truthful=False) -> list:
         kernels,
         "default",
         str(TREE_PYTHON),
+        plugin=plugin,
         numbers=counts,
         esimd_truthful=truthful,
     )
@@ -178,16 +182,19 @@ def test_block_fp8_on_the_real_b18beee_tree(tmp_path):
     shutil.copytree(root, patched, symlinks=True)
     applied = tool.run("apply", str(patched), "--no-proof")
     assert applied.returncode == 0, applied.stdout + applied.stderr
+    # the fix: the lying ops run as vLLM ops that declare their writes; the
+    # audit no longer finds the lie on the traced path, and the numbers agree
+    assert lie_reached(root, BLOCK_GEMM)  # the control: unpatched, it does
+    assert not lie_reached(patched, BLOCK_GEMM)
     after = {m["model"]: m for m in prove(patched, BLOCK_MODELS, "2048,1")}
-    # the fix (branch esimd-fix) makes the op a vLLM op that declares its
-    # write: the audit stops finding the lie, and the numbers agree. Until
-    # it is merged, the lie is found and compiled != eager after apply too.
-    expected = numbers.DIFFERENT if lie_reached(patched, BLOCK_GEMM) else numbers.EQUAL
-    odd = verdicts(after["deepseek_v2_fp8_block"])
-    assert set(odd.values()) == {expected}, (
-        expected,
-        cells(after["deepseek_v2_fp8_block"]),
-    )
+    # the same with the plugin installed on the tree as it is
+    from support import plugin as plugin_support
+
+    site = plugin_support.installed(tmp_path / "plugin")
+    routed = {m["model"]: m for m in prove(root, BLOCK_MODELS, "2048,1", plugin=site)}
+    for found in (*after.values(), *routed.values()):
+        assert default(found)["result"] == "traced", default(found)
+        assert set(verdicts(found).values()) == {numbers.EQUAL}, cells(found)
 
 
 # --- the reference kernels ----------------------------------------------------
