@@ -471,11 +471,19 @@ def _live(name: str) -> tuple[object, str, object] | None:
     return None if value is None else (owner, parts[-1], value)
 
 
+def _is_torch_op(callee) -> bool:
+    """A torch op (torch.ops.<ns>.<name>), not anything else that answers
+    `overloads` (an object whose every attribute is a name)."""
+    import torch
+
+    return isinstance(callee, torch._ops.OpOverloadPacket)
+
+
 def _arity(callee) -> tuple[int, int] | None:
     """(required, most) positional parameters of a live callee, or None if
     it cannot be told (a C function without a signature)."""
     schemas = []
-    if hasattr(callee, "overloads"):  # a torch op
+    if _is_torch_op(callee):
         schemas = [getattr(callee, o)._schema for o in callee.overloads()]
     if schemas:
         counts = [
@@ -521,7 +529,7 @@ def _keywords(callee, names: tuple[str, ...]) -> frozenset[str]:
     callee names the same at the same place (a keyword the callee does not
     take must fail as it would)."""
     try:
-        if hasattr(callee, "overloads"):  # a torch op: its first overload
+        if _is_torch_op(callee):  # its first overload
             schema = getattr(callee, callee.overloads()[0])._schema
             theirs = [a.name for a in schema.arguments]
         else:

@@ -227,7 +227,9 @@ def kernel_facts(
     ]
     warnings: list[str] = []
     wrappers: dict[str, treeops.Wrapper] = {}
-    if any(ESIMD_PACKAGE in t for t in texts.values()):
+    # the fix's own module (ROUTING_MODULE) names the package in its
+    # contracts: the tree loads it only if one of its own files does
+    if any(ESIMD_PACKAGE in t for p, t in texts.items() if p != ROUTING_MODULE):
         commits = given["esimd"]
         short, said = choose_commit(commits, version)
         if short is None:
