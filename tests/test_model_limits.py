@@ -11,10 +11,12 @@ Negative controls in each test: the reason one character off, the limit of
 another tree, model or configuration, the same reason through ipex_quant.py
 (a file the series edits), a limited cell that traced."""
 
+import dataclasses
+
 import pytest
 
 from support import downstream, releases
-from xpufakes.changes import live
+from xpufakes.changes import esimdfacts, live
 from xpufakes.proof.model import limits, models, report
 from xpufakes.trees import pins, tree
 
@@ -146,6 +148,7 @@ def test_the_listed_limits_are_well_formed():
     assert listed, "data/limits.toml lists no limit"
     releases_pinned = set(pins.load().releases)
     catalog = set(models.load())
+    images = esimdfacts.load()
     for limit in listed:
         assert limit.tree in releases_pinned, limit
         assert limit.model in catalog | {limits.ANY}, limit
@@ -153,7 +156,9 @@ def test_the_listed_limits_are_well_formed():
         error, _, message = limit.reason.partition(": ")
         assert error.isidentifier() and message, limit
         assert limit.why, limit
-    keys = [(x.tree, x.model, x.configuration, x.reason) for x in listed]
+        if limit.image:  # an image commit of the data, whose image builds it
+            assert images[limit.image]["vllm"] == limit.tree, limit
+    keys = [(x.tree, x.image, x.model, x.configuration, x.reason) for x in listed]
     assert len(keys) == len(set(keys))
 
 
@@ -214,3 +219,33 @@ def test_a_cell_not_run_never_shows_a_listed_limit_gone():
         assert cell["result"] == kind and "limit_gone" not in cell, cell
     traced = _cell(_classified(_found("traced", error="")))
     assert traced["limit_gone"] == [REASON]
+
+
+def test_a_limit_of_an_image_covers_its_tree_and_never_the_plain_release():
+    """`image`: a limit of intel/llm-scaler's b18beee (built on 0.21.0)
+    covers the tree whose own Python names the image's ESIMD package, and
+    neither a plain 0.21.0 nor the fix's own module naming it (the
+    controls), nor another release."""
+    esimd = {"vllm/layers/esimd_fake_ops.py": "import custom_esimd_kernels_vllm"}
+    plain = {"vllm/platforms/xpu.py": "class XPUPlatform: ..."}
+    routing = {"vllm/_xpu_opaque_calls.py": "'custom_esimd_kernels_vllm::esimd_x'"}
+    assert limits.image_of(plain | esimd, "0.21.0") == "b18beee"
+    assert limits.image_of(plain, "0.21.0") == ""
+    assert limits.image_of(plain | routing, "0.21.0") == ""
+    assert limits.image_of(plain | esimd, "0.22.0") == ""
+    assert limits.image_of(plain | esimd, "") == ""
+    image = limits.Limit(
+        "0.21.0", "deepseek_v2_fp8", "default", REASON, "MLA", image="b18beee"
+    )
+    assert image.covers("0.21.0", "deepseek_v2_fp8", "default", "b18beee")
+    assert not image.covers("0.21.0", "deepseek_v2_fp8", "default")  # plain
+    assert not image.covers("0.21.0", "deepseek_v2_fp8", "default", "0a85564")
+    assert not image.covers("0.22.0", "deepseek_v2_fp8", "default", "b18beee")
+    # a limit of the release covers the image's tree built on it too
+    assert dataclasses.replace(image, image="").covers(
+        "0.21.0", "deepseek_v2_fp8", "default", "b18beee"
+    )
+    on_image = limits.classify(_found("failed"), "0.21.0", set(), [image], "b18beee")
+    assert _cell(on_image)["result"] == report.TREE_LIMIT
+    on_plain = limits.classify(_found("failed"), "0.21.0", set(), [image])
+    assert _cell(on_plain)["result"] == "failed"

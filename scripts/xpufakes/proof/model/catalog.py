@@ -14,6 +14,13 @@ data/catalog_run.json and writes the tables into docs/traced-path.md's
 the recorded run. tests/test_catalog_tables.py checks that the committed
 tables are what the recorded run gives, and the catalog test that the
 recorded run is what the trees give today. No table is written by hand.
+
+The real intel/llm-scaler trees are opt-in (tests/test_llm_scaler_trees.py
+-k catalog, with XPUFAKES_LLM_SCALER=<git dir>): `make catalog-llm-scaler
+GIT=<git dir>` records their run the same way, apart (RUNS: its own file,
+data/catalog_run_llm_scaler.json, and its own places,
+`<!-- catalog-llm-scaler:KEY -->`), so that a run of one never rewrites the
+other's tables.
 """
 
 import argparse
@@ -22,15 +29,33 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from xpufakes.common import paths
 from xpufakes.proof.model import report
 from xpufakes.trees import pinfacts
 
-RECORD = paths.DATA / "catalog_run.json"
 DOCUMENT = "docs/traced-path.md"
-KIND = "catalog"
+
+
+@dataclass(frozen=True)
+class Run:
+    record: Path  # the recorded run
+    kind: str  # its places in DOCUMENT: <!-- KIND:KEY -->
+    command: str  # the command that records it (its start, with arguments)
+
+
+RUNS = {
+    "catalog": Run(paths.DATA / "catalog_run.json", "catalog", "make catalog"),
+    "llm-scaler": Run(
+        paths.DATA / "catalog_run_llm_scaler.json",
+        "catalog-llm-scaler",
+        "make catalog-llm-scaler",
+    ),
+}
+RECORD = RUNS["catalog"].record
+KIND = RUNS["catalog"].kind
 # the stages of a tree, in the tables' order
 STAGES = ("unpatched", "patched", "without vLLM's GEMM fakes")
 # a failure's call, as report.cell says it: "(the call) at"
@@ -216,15 +241,18 @@ def load(path: Path = RECORD) -> dict:
     return json.loads(path.read_text())
 
 
-def rewrite(text: str, recorded: dict) -> str:
-    return pinfacts.rewrite(text, facts(recorded), KIND)
+def rewrite(text: str, recorded: dict, kind: str = KIND) -> str:
+    return pinfacts.rewrite(text, facts(recorded), kind)
 
 
-def write(repo: Path = paths.REPO, recorded: dict | None = None) -> bool:
-    """The document's tables from the recorded run; whether it changed."""
+def write(
+    repo: Path = paths.REPO, recorded: dict | None = None, run: str = "catalog"
+) -> bool:
+    """The document's tables of a run from its recorded run; whether it
+    changed."""
     path = repo / DOCUMENT
     text = path.read_text()
-    new = rewrite(text, recorded or load())
+    new = rewrite(text, recorded or load(RUNS[run].record), RUNS[run].kind)
     if new != text:
         path.write_text(new)
     return new != text
@@ -247,18 +275,27 @@ def _commit(repo: Path) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m xpufakes.proof.model.catalog")
     sub = parser.add_subparsers(dest="verb", required=True)
-    record = sub.add_parser("record", help="keep a run, then write the tables")
+    record = sub.add_parser("record", help="keep a run, then write its tables")
     record.add_argument("directory", type=Path)
     record.add_argument("--command", required=True)
-    sub.add_parser("write", help="write the tables from the recorded run")
+    record.add_argument("--run", choices=list(RUNS), default="catalog")
+    sub.add_parser("write", help="write every run's tables from its recorded run")
     args = parser.parse_args(argv)
     if args.verb == "record":
+        run = RUNS[args.run]
+        if not args.command.startswith(run.command):
+            parser.error(f"--run {args.run} is recorded by `{run.command}`")
         date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-        run = gather(args.directory, args.command, date, _commit(paths.REPO))
-        RECORD.write_text(json.dumps(run, indent=1) + "\n")
-        print(f"catalog: the run kept in {RECORD.relative_to(paths.REPO)}")
-    changed = write()
-    print(f"catalog: {DOCUMENT} {'written' if changed else 'unchanged'}")
+        kept = gather(args.directory, args.command, date, _commit(paths.REPO))
+        run.record.write_text(json.dumps(kept, indent=1) + "\n")
+        print(f"catalog: the run kept in {run.record.relative_to(paths.REPO)}")
+        names = [args.run]
+    else:
+        names = [name for name, run in RUNS.items() if run.record.is_file()]
+    for name in names:
+        changed = write(run=name)
+        said = "written" if changed else "unchanged"
+        print(f"catalog: {DOCUMENT}'s {name} tables {said}")
     return 0
 
 

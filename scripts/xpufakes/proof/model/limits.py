@@ -12,6 +12,11 @@ tree's limit only if
   add (changes/live.py edited_by_us): a fault in a file we write is never
   excused, whatever its text.
 
+A limit of an intel/llm-scaler image's tree that its base release does not
+have is keyed to the image too (`image`: the image commit, as
+data/esimd_schemas.toml knows it): it covers that image's rebuilt tree
+(image_of) and never the plain release.
+
 Every other cell that fails, fails. A listed limit that no longer happens is
 reported as such (the cell's `limit_gone`). A limit of the proof itself
 (one process: tensor parallelism 1) is the proof's (report.PROOF_LIMIT),
@@ -22,7 +27,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpufakes.changes import live
+from xpufakes.changes import esimdfacts, live
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof.model.report import (
@@ -31,6 +36,7 @@ from xpufakes.proof.model.report import (
     PROOF_LIMIT,
     TREE_LIMIT,
 )
+from xpufakes.proof.static.schematruth import ESIMD_PACKAGE, ROUTING_MODULE
 from xpufakes.trees import pins
 from xpufakes.trees import tree as trees
 
@@ -48,6 +54,9 @@ class Limit:
     # the tree's release and every later one (a limit a release brought and
     # no later one took back: a new pin needs no new entry)
     and_later: bool = False
+    # an intel/llm-scaler image commit: the limit of that image's tree only
+    # (built on `tree`), never of the plain release
+    image: str = ""
 
     def _of_tree(self, tree: str) -> bool:
         if self.tree == tree:
@@ -57,9 +66,12 @@ class Limit:
         found = pins.split_version(tree)
         return found is not None and found[0] >= pins.version_tuple(self.tree)
 
-    def covers(self, tree: str, model: str, configuration: str) -> bool:
+    def covers(
+        self, tree: str, model: str, configuration: str, image: str = ""
+    ) -> bool:
         return (
             self._of_tree(tree)
+            and self.image in ("", image)
             and self.model in (ANY, model)
             and self.configuration in (ANY, configuration)
         )
@@ -74,6 +86,7 @@ def load(path: Path = LIMITS) -> list[Limit]:
             entry["reason"],
             " ".join(entry["why"].split()),
             entry.get("and_later", False),
+            entry.get("image", ""),
         )
         for entry in tomllib.loads(path.read_text()).get("limit", [])
     ]
@@ -88,11 +101,28 @@ def tree_name(root: Path) -> str:
         return ""
 
 
+def image_of(texts: dict[str, str], release: str) -> str:
+    """The intel/llm-scaler image commit whose tree this is (its Python
+    sources, path -> text): of the image commits data/esimd_schemas.toml
+    knows, the newest whose image builds `release`, where the tree's Python
+    names the image's ESIMD package (a plain release never does; the fix's
+    own module, which names it in its contracts, is not the tree's); "" for
+    any other tree."""
+    own = (t for p, t in texts.items() if p != ROUTING_MODULE)
+    if not release or not any(ESIMD_PACKAGE in text for text in own):
+        return ""
+    commits = esimdfacts.load()
+    same = [c for c in commits if commits[c].get("vllm") == release]
+    return max(same, key=lambda c: commits[c].get("date", ""), default="")
+
+
 def classify_tree(found: list[dict], root: Path) -> list[dict]:
-    """classify() for the tree at root: its name, and the files of it that
-    our series or recipes edit or add."""
-    ours = live.edited_by_us(trees.python_sources(root))
-    return classify(found, tree_name(root), ours)
+    """classify() for the tree at root: its name, the llm-scaler image it
+    is the tree of (if any), and the files of it that our series or recipes
+    edit or add."""
+    texts = trees.python_sources(root)
+    name = tree_name(root)
+    return classify(found, name, live.edited_by_us(texts), image=image_of(texts, name))
 
 
 def classify(
@@ -100,6 +130,7 @@ def classify(
     tree: str,
     ours: set[str],
     limits: list[Limit] | None = None,
+    image: str = "",
 ) -> list[dict]:
     """Each model's cells (the model proof's result, changed in place and
     returned): a failure that a listed limit of the tree names exactly, and
@@ -113,7 +144,7 @@ def classify(
             listed = [
                 limit
                 for limit in limits
-                if limit.covers(tree, model["model"], cell["configuration"])
+                if limit.covers(tree, model["model"], cell["configuration"], image)
             ]
             # a cell not run (for other trees; the proof's limit) neither
             # meets a listed limit nor shows that it no longer happens
