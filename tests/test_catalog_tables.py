@@ -36,6 +36,8 @@ DOCUMENT = paths.REPO / catalog.DOCUMENT
 def run(request):
     """(the run's name, its Run, the recorded run)"""
     found = catalog.RUNS[request.param]
+    if not found.record.is_file():  # said, never passed: see the skip reason
+        pytest.skip(f"{found.record.name}: not recorded yet (`{found.command}`)")
     return request.param, found, catalog.load(found.record)
 
 
@@ -75,6 +77,9 @@ def test_each_run_writes_its_own_places_only():
     each recorded run written into the other's places, changes the
     document."""
     text = DOCUMENT.read_text()
+    missing = [r.record.name for r in catalog.RUNS.values() if not r.record.is_file()]
+    if missing:
+        pytest.skip(f"not recorded yet: {', '.join(missing)}")
     kept = {name: catalog.load(r.record) for name, r in catalog.RUNS.items()}
     assert len({r.kind for r in catalog.RUNS.values()}) == len(catalog.RUNS)
     assert len({r.record for r in catalog.RUNS.values()}) == len(catalog.RUNS)

@@ -293,8 +293,10 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
         assert (result["graphs"], result["graph_breaks"]) == (1, 0), (cell, result)
         # the IPEX era needs the fix for every model; the kernels era's
         # own fakes suffice for these (docs/traced-path.md)
-        expected = "failed" if ipex else "traced"
-        assert before[cell]["result"] == expected, (cell, before[cell])
+        # (b18beee's unpatched block-fp8 cells may lose the ESIMD GEMM's
+        # writes: the lie the fix routes: docs/traced-path.md)
+        expected = {"failed"} if ipex else {"traced", "writes lost"}
+        assert before[cell]["result"] in expected, (cell, before[cell])
     traced = [cell for cell, r in after.items() if r["result"] == "traced"]
     assert traced, after
     if "VLLM_QUANTIZE_Q40_LIB" in (tree / "vllm" / "envs.py").read_text():
