@@ -2,7 +2,8 @@
 data/limits.toml): a cell of the model proof that fails is excused as the
 tree's limit only by a listed limit of its tree, model and configuration
 whose reason is exactly the cell's error, and never if the error passed
-through a file our series or recipes edit or add; a listed limit that no
+through a line our series or recipes wrote (or one changed since) in a file
+they edit or add; a listed limit that no
 longer happens is reported; a limit of the proof itself (TP=1) is never
 called the tree's, and the table counts each kind. Cheap: no model is built
 (the whole audit with the injected fault is in test_model_trace.py).
@@ -15,8 +16,8 @@ import dataclasses
 
 import pytest
 
-from support import downstream, releases
-from xpufakes.changes import esimdfacts, live
+from support import downstream, releases, tool
+from xpufakes.changes import esimdfacts, live, ourlines
 from xpufakes.proof.model import limits, models, report
 from xpufakes.trees import pins, tree
 
@@ -30,12 +31,14 @@ LIMIT = limits.Limit("0.14.1", "deepseek_v2_fp8", "default", REASON, "no MLA")
 
 
 def _found(result: str, error: str = REASON, files=(ATTENTION,), model=None):
+    lines = [f"{f}:{10 if f == OURS else 1}" for f in files]
     cell = {
         "configuration": "default",
         "result": result,
         "error": error,
         "where": [f"{f}:1 f" for f in files],
         "files": list(files),
+        "lines": lines,
         "graphs": 0,
         "graph_breaks": 0,
         "ops": [],
@@ -44,8 +47,10 @@ def _found(result: str, error: str = REASON, files=(ATTENTION,), model=None):
     return [{"model": model or LIMIT.model, "configurations": [cell]}]
 
 
-def _classified(found, tree_name="0.14.1", ours=frozenset({OURS})):
-    return limits.classify(found, tree_name, set(ours), [LIMIT])
+def _classified(found, tree_name="0.14.1", ours=None):
+    """classify(), with ipex_quant.py ours whole unless `ours` says which
+    of its lines are."""
+    return limits.classify(found, tree_name, ours or {OURS: None}, [LIMIT])
 
 
 def _cell(found) -> dict:
@@ -99,6 +104,39 @@ def test_no_error_through_a_file_of_ours_is_excused():
     )
     # the control: the same cell with no file of ours is excused
     assert _cell(_classified(_found("failed")))["result"] == report.TREE_LIMIT
+
+
+def test_a_limit_met_on_the_trees_own_line_of_a_file_we_edit_is_excused():
+    """llm-scaler 0a85564's XPUFp8LinearMethod fails in ipex_quant.py, a
+    file the series edits, on a line the tree had before apply: a listed
+    limit there is the tree's. On a line we wrote (or changed since), or in a
+    file whose own text is not known, it is not; a cell recorded without its
+    lines is judged by its files."""
+    through = _found("failed", files=(ATTENTION, OURS))  # ipex_quant.py:10
+    for written, result in (
+        ({1, 2, 11}, report.TREE_LIMIT),  # line 10 is the tree's
+        ({10}, "failed"),  # line 10 is ours
+        (None, "failed"),  # the tree's own text unknown: all of it ours
+    ):
+        cell = _cell(_classified(_found("failed", files=(ATTENTION, OURS)), ours={
+            OURS: written
+        }))
+        assert cell["result"] == result, (written, cell)
+        assert ("not_excused" in cell) == (result == "failed"), cell
+    del _cell(through)["lines"]
+    assert _cell(_classified(through, ours={OURS: {1}}))["result"] == "failed"
+
+
+def test_the_trees_own_lines_are_those_it_had_before_apply():
+    before = "a = 1\nb = 2\nc = 3\nd = 4\n"
+    after = "a = 1\nimport ours\nb = 2\nc = 30\nd = 4\n"
+    assert ourlines.not_the_trees(after, before) == {2, 4}
+    assert ourlines.not_the_trees(before, before) == set()
+    lines = {"x.py": {2}, "y.py": None}
+    assert ourlines.frame_is_ours("x.py:2", lines)
+    assert not ourlines.frame_is_ours("x.py:3", lines)
+    assert ourlines.frame_is_ours("y.py:3", lines)
+    assert not ourlines.frame_is_ours("z.py:2", lines)
 
 
 def test_a_listed_limit_that_no_longer_happens_is_reported():
@@ -245,7 +283,36 @@ def test_a_limit_of_an_image_covers_its_tree_and_never_the_plain_release():
     assert dataclasses.replace(image, image="").covers(
         "0.21.0", "deepseek_v2_fp8", "default", "b18beee"
     )
-    on_image = limits.classify(_found("failed"), "0.21.0", set(), [image], "b18beee")
+    on_image = limits.classify(_found("failed"), "0.21.0", {}, [image], "b18beee")
     assert _cell(on_image)["result"] == report.TREE_LIMIT
-    on_plain = limits.classify(_found("failed"), "0.21.0", set(), [image])
+    on_plain = limits.classify(_found("failed"), "0.21.0", {}, [image])
     assert _cell(on_plain)["result"] == "failed"
+
+
+def test_the_trees_own_lines_of_a_tree_applied_by_recipe(tmp_path):
+    """A downstream tree (0.14.1 with a line of its own beside the WOQ
+    anchor, so the recipes run): before apply every line is the tree's; after, the
+    lines the recipes wrote are ours and the rest of each file is the
+    tree's, from the state file's pre-apply bytes; a line changed since
+    apply is ours too."""
+    root = releases.copy_of("0.14.1", tmp_path / "tree")
+    downstream.change_next_to_the_woq_anchor(root)
+    paths = live.edited_by_us(tree.python_sources(root))
+    assert all(not lines for lines in ourlines.ours(root, paths).values())
+    applied = tool.run("apply", str(root), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert (root / live.STATE_FILE).is_file()  # the recipe path
+    after = ourlines.ours(root, live.edited_by_us(tree.python_sources(root)))
+    text = (root / OURS).read_text()
+    numbered = text.splitlines()
+    wrapped = {
+        n for n, line in enumerate(numbered, 1) if "opaque_ipex_woq_linear(" in line
+    }
+    own = numbered.index("class IPEXAWQLinearMethod(AWQLinearMethod):") + 1
+    assert after[OURS] is not None and wrapped <= after[OURS], after[OURS]
+    assert own not in after[OURS]
+    theirs = numbered.index('        layer.downstream_kind = "gptq"') + 1
+    assert theirs not in after[OURS]  # the downstream tree's own line
+    assert after["vllm/_xpu_gemm_fakes.py"] is None  # a module we add
+    (root / OURS).write_text(text.replace(numbered[own - 1], numbered[own - 1] + "  # x"))
+    assert own in ourlines.ours(root, {OURS})[OURS]

@@ -39,7 +39,7 @@ import pytest
 
 from support import downstream, releases, tool
 from support import plugin as plugin_support
-from xpufakes.changes import live
+from xpufakes.changes import live, ourlines
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit
@@ -704,7 +704,8 @@ def test_a_fault_in_a_line_of_our_fix_fails_the_audit(tmp_path):
     on the patched tree exits 0, both cells traced (the control); with the
     fault injected it exits 1, both cells failing at the changed line; and
     even listed, word for word, as a limit of 0.14.1 the error is not
-    excused: it passed through ipex_quant.py, which the series edits.
+    excused: it passed through a line of ipex_quant.py that is neither the
+    release's nor the series' (changed since apply).
     Costs ~30 s (two model processes of one model)."""
     root = releases.copy_of(PLAIN, tmp_path / "tree")
     applied = tool.run("apply", str(root), "--no-proof")
@@ -739,28 +740,44 @@ def test_a_fault_in_a_line_of_our_fix_fails_the_audit(tmp_path):
         assert cell["result"] in model_report.ERRORS, cell
         assert "ipex_qlinear_opaque" in cell["error"], cell
         assert quant.relative_to(root).as_posix() in cell["files"], cell
-    # listed exactly as the tree's limit, it is still not excused
+    # listed exactly as the tree's limit, it is still not excused: the
+    # changed file is neither the pristine release's nor the series' (no
+    # line of it is the tree's own)
     listed = [
         limits.Limit("0.14.1", AWQ, c["configuration"], c["error"], "listed")
         for c in cells
     ]
+    relative = quant.relative_to(root).as_posix()
+    ours = ourlines.ours(root, live.edited_by_us(tree.python_sources(root)))
+    assert ours[relative] is None
     found = limits.classify(
-        [{"model": AWQ, "configurations": cells}],
-        limits.tree_name(root),
-        live.edited_by_us(tree.python_sources(root)),
-        listed,
+        [{"model": AWQ, "configurations": cells}], limits.tree_name(root), ours, listed
     )
     for cell in found[0]["configurations"]:
         assert cell["result"] in model_report.ERRORS, cell
         assert "ipex_quant.py" in cell["not_excused"], cell
-    # the control of that: the same listing excuses it where no file of
+    # the control of that: the same listing excuses it where no line of
     # ours is on its way
     excused = limits.classify(
-        [{"model": AWQ, "configurations": [dict(c, files=[]) for c in cells]}],
+        [{"model": AWQ, "configurations": [dict(c, lines=[]) for c in cells]}],
         "0.14.1",
-        set(),
+        ours,
         listed,
     )
     assert {c["result"] for c in excused[0]["configurations"]} == {
         model_report.TREE_LIMIT
     }
+    # the fault taken out, the file is the series' again: the lines the
+    # series wrote are ours, the release's own (the WOQ call among them) are
+    # not; the injected fault changed one of those, which is why the whole
+    # file counted as ours above
+    quant.write_text(text)
+    ours = ourlines.ours(root, live.edited_by_us(tree.python_sources(root)))[relative]
+    numbered = text.splitlines()
+    wrapped = [
+        n
+        for n, line in enumerate(numbered, 1)
+        if "layer.ipex_qlinear = opaque_ipex_woq_linear(" in line
+    ]
+    assert ours is not None and wrapped and set(wrapped) <= ours
+    assert text[:at].count("\n") + 1 not in ours

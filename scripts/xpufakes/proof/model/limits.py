@@ -8,9 +8,14 @@ tree's limit only if
 
 * a listed limit of its tree, model and configuration has exactly its
   reason, and
-* no file the error passed through is one our series or recipes edit or
-  add (changes/live.py edited_by_us): a fault in a file we write is never
-  excused, whatever its text.
+* no line the error passed through is one our series or recipes wrote, or
+  one changed since, in a file they edit or add (changes/live.py
+  edited_by_us; changes/ourlines.py: a line of such a file is the tree's
+  own only if the file had it before apply, in place; where that text is
+  not known, the whole file is ours): a fault in a line we write is never
+  excused, whatever its text. A limit of the tree's own code met in a file
+  we also edit (llm-scaler 0a85564's XPUFp8LinearMethod in ipex_quant.py)
+  is excused like any other.
 
 A limit of an intel/llm-scaler image's tree that its base release does not
 have is keyed to the image too (`image`: the image commit, as
@@ -27,7 +32,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpufakes.changes import esimdfacts, live
+from xpufakes.changes import esimdfacts, live, ourlines
 from xpufakes.common import paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof.model.report import (
@@ -118,26 +123,30 @@ def image_of(texts: dict[str, str], release: str) -> str:
 
 def classify_tree(found: list[dict], root: Path) -> list[dict]:
     """classify() for the tree at root: its name, the llm-scaler image it
-    is the tree of (if any), and the files of it that our series or recipes
-    edit or add."""
+    is the tree of (if any), and the lines of it that are not the tree's own
+    in the files our series or recipes edit or add."""
     texts = trees.python_sources(root)
     name = tree_name(root)
-    return classify(found, name, live.edited_by_us(texts), image=image_of(texts, name))
+    ours = ourlines.ours(root, live.edited_by_us(texts))
+    return classify(found, name, ours, image=image_of(texts, name))
 
 
 def classify(
     found: list[dict],
     tree: str,
-    ours: set[str],
+    ours: dict[str, set[int] | None],
     limits: list[Limit] | None = None,
     image: str = "",
 ) -> list[dict]:
     """Each model's cells (the model proof's result, changed in place and
     returned): a failure that a listed limit of the tree names exactly, and
-    that passed through no file of ours, becomes the tree's limit (`limit`:
-    why); one whose listed limit is refused because it passed through a file
-    of ours says so (`not_excused`); a cell whose listed limit did not
-    happen says that (`limit_gone`: the listed reasons)."""
+    that passed through no line of ours (`ours`: each file our series or
+    recipes edit or add -> the numbers of its lines not the tree's own, None
+    for all of them), becomes the tree's limit (`limit`: why); one whose
+    listed limit is refused because it passed through a line of ours says so
+    (`not_excused`); a cell whose listed limit did not happen says that
+    (`limit_gone`: the listed reasons). A cell recorded without its lines
+    is judged by its files: any file of ours refuses it."""
     limits = load() if limits is None else limits
     for model in found:
         for cell in model["configurations"]:
@@ -152,12 +161,15 @@ def classify(
                 continue
             matched = [limit for limit in listed if limit.reason == cell.get("error")]
             if cell["result"] in ERRORS and matched:
-                mine = sorted(set(cell.get("files", [])) & ours)
+                if cell.get("lines") is None:
+                    mine = sorted(set(cell.get("files", [])) & set(ours))
+                else:
+                    mine = [f for f in cell["lines"] if ourlines.frame_is_ours(f, ours)]
                 if mine:
                     cell["not_excused"] = (
                         f"data/limits.toml lists it as the tree's limit, but it "
                         f"passed through {', '.join(mine)}, which our series or "
-                        "recipes edit or add"
+                        "recipes wrote (or changed since) in a file they edit or add"
                     )
                 else:
                     cell["result"] = TREE_LIMIT

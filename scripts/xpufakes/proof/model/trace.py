@@ -106,10 +106,10 @@ def tree_frames(error: BaseException, tree: Path) -> list[str]:
     return frames
 
 
-def files_of(error: BaseException, tree: Path) -> list[str]:
-    """Every file of the tree an error passed through, tree-relative: the
-    frames of its traceback and of the errors it was raised from or while
-    handling (cause, context), and Dynamo's user frames of each."""
+def _tree_frames_of(error: BaseException, tree: Path) -> set[tuple[str, int]]:
+    """Every frame of the tree an error passed through (tree-relative path,
+    line): the frames of its traceback and of the errors it was raised from
+    or while handling (cause, context), and Dynamo's user frames of each."""
     found, seen = set(), set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -118,10 +118,20 @@ def files_of(error: BaseException, tree: Path) -> list[str]:
         for frame in frames:
             path = Path(frame.filename)
             if path.is_relative_to(tree):
-                found.add(path.relative_to(tree).as_posix())
+                found.add((path.relative_to(tree).as_posix(), frame.lineno or 0))
         inner = getattr(error, "inner_exception", None)
         error = inner or error.__cause__ or error.__context__
-    return sorted(found)
+    return found
+
+
+def files_of(error: BaseException, tree: Path) -> list[str]:
+    """Every file of the tree an error passed through, tree-relative."""
+    return sorted({path for path, _ in _tree_frames_of(error, tree)})
+
+
+def lines_of(error: BaseException, tree: Path) -> list[str]:
+    """Every line of the tree an error passed through: "path:line"."""
+    return [f"{path}:{line}" for path, line in sorted(_tree_frames_of(error, tree))]
 
 
 def not_built(error: BaseException, tree: Path, start: float | None = None) -> dict:
@@ -141,6 +151,7 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
         "error": f"{type(error).__name__}: {first}",
         "where": frames,
         "files": files_of(error, tree),
+        "lines": lines_of(error, tree),
         "traceback": "".join(traceback.format_exception(error))[-3000:],
         "graphs": 0,
         "graph_breaks": 0,
@@ -308,6 +319,7 @@ def trace_one(
                     "message": " ".join(text.split())[:2000],
                     "where": where(error, tree),
                     "files": files_of(e, tree),
+                    "lines": lines_of(e, tree),
                 }
                 if not result["where"]:
                     result["traceback"] = traceback.format_exc()[-3000:]
