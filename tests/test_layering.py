@@ -39,6 +39,7 @@ LAYERS = {
         "series history",
         "engine kernels export opfacts esimdfacts",
         "base live authoring",
+        "ourlines",
     ],
     # the proof and the audit, in rooms: the static audit (source text, no
     # torch), the XPU on a CPU (the stand-ins, a tree's fakes loaded

@@ -118,9 +118,9 @@ def test_a_limit_met_on_the_trees_own_line_of_a_file_we_edit_is_excused():
         ({10}, "failed"),  # line 10 is ours
         (None, "failed"),  # the tree's own text unknown: all of it ours
     ):
-        cell = _cell(_classified(_found("failed", files=(ATTENTION, OURS)), ours={
-            OURS: written
-        }))
+        cell = _cell(
+            _classified(_found("failed", files=(ATTENTION, OURS)), ours={OURS: written})
+        )
         assert cell["result"] == result, (written, cell)
         assert ("not_excused" in cell) == (result == "failed"), cell
     del _cell(through)["lines"]
@@ -314,5 +314,6 @@ def test_the_trees_own_lines_of_a_tree_applied_by_recipe(tmp_path):
     theirs = numbered.index('        layer.downstream_kind = "gptq"') + 1
     assert theirs not in after[OURS]  # the downstream tree's own line
     assert after["vllm/_xpu_gemm_fakes.py"] is None  # a module we add
-    (root / OURS).write_text(text.replace(numbered[own - 1], numbered[own - 1] + "  # x"))
+    changed = numbered[own - 1] + "  # x"
+    (root / OURS).write_text(text.replace(numbered[own - 1], changed))
     assert own in ourlines.ours(root, {OURS})[OURS]

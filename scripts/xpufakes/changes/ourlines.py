@@ -49,9 +49,7 @@ def _own_texts(found: Tree, paths: set[str]) -> dict[str, str | None]:
                 before = base64.b64decode(entry.before)
                 own[path] = before.decode("utf-8", errors="surrogateescape")
         for path in paths - set(state.files) - set(state.added):
-            target = found.root / path
-            text = target.read_text(errors="surrogateescape") if target.is_file() else ""
-            own[path] = None if recipes.carries_ours(text) else text
+            own[path] = _as_is(found, path)
         return own
     try:
         detected = base.detect_base(found)
