@@ -16,7 +16,7 @@ from support import releases
 from xpufakes.changes import esimdfacts
 from xpufakes.common import opschema
 from xpufakes.proof import audit
-from xpufakes.proof.static import schematruth
+from xpufakes.proof.static import pathconditions, schematruth
 from xpufakes.proof.static.scan import IF_ENABLED, TRACED, CallSite
 from xpufakes.trees import kernelcxx, tree
 
@@ -410,6 +410,7 @@ def test_a_void_op_that_marks_nothing_is_not_ok():
 # ---------------------------------------------------------------------------
 
 SAMPLER = "vllm::xpu_topk_topp_sampler"
+INDEXER = "vllm::sparse_attn_indexer"
 
 
 @pytest.fixture(scope="module")
@@ -471,6 +472,36 @@ def test_a_known_lie_is_a_warning_and_exactly_as_listed(upstream, monkeypatch):
     other = {op: dict(e, kinds=["a"]) for op, e in known.items()}
     monkeypatch.setattr(schematruth, "known_lies", lambda: other)
     assert {o.op for o in truth.failing} >= set(known)
+
+
+def test_a_lying_splitting_op_is_said_to_run_between_the_compiled_pieces(upstream):
+    """vLLM splits its compiled graph at its default splitting ops
+    (CompilationConfig._attention_ops): the traced call of the lying
+    `vllm::sparse_attn_indexer` says so, where the tree lists it, and when it
+    is compiled inside a graph after all. Negative controls: an op not in
+    the list (the sampler) says nothing of it; the tree with the op taken
+    out of the list says nothing either."""
+    texts, parsed, truth = upstream
+    split = pathconditions.splitting_ops(texts)
+    assert "vllm::unified_attention_with_output" in split
+    at = split[INDEXER]
+    path, _, line = at.partition(":")
+    assert texts[path].splitlines()[int(line) - 1].strip() == f'"{INDEXER}",'
+    found = {o.op: o for o in truth.ops}
+    traced = [s for s in found[INDEXER].sites if s.reached]
+    assert traced and all(at in s.split for s in traced)
+    said = "\n".join(schematruth.lines(truth))
+    assert "use_inductor_graph_partition" in said
+    assert all(not s.split for s in found[SAMPLER].sites)
+    alone = dict(texts)
+    alone[path] = alone[path].replace(f'"{INDEXER}",', "", 1)
+    assert INDEXER not in pathconditions.splitting_ops(alone)
+    parsed = dict(parsed)
+    parsed.pop(path, None)
+    again = schematruth.check(alone, "0.33.0", parsed)
+    sites = [s for o in again.ops if o.op == INDEXER for s in o.sites]
+    assert sites and not any(s.split for s in sites)
+    assert pathconditions.splitting_ops({}) == {}
 
 
 # ---------------------------------------------------------------------------

@@ -272,3 +272,49 @@ def _tag(atom: ast.expr, named: dict[str, str]) -> str:
     if _PRESENT.search(text):
         return "kernel present"
     return "other"
+
+
+# Where vLLM splits the compiled graph by default (CompilationConfig's
+# `_attention_ops`, which set_splitting_ops_for_v1 makes the splitting ops
+# when none are given): each piece between them is compiled (AOT autograd,
+# functionalization, Inductor) and the op itself runs as it is, between the
+# pieces. A schema that lies loses nothing there; it does where the op is
+# compiled inside a graph: with Inductor's graph partition (the partition
+# comes after functionalization) or with splitting_ops emptied (given as
+# [], or by fuse_attn_quant without graph partition).
+COMPILATION = "vllm/config/compilation.py"
+SPLIT = (
+    "by default vLLM splits the compiled graph at it ({at}: a splitting op), "
+    "so it runs between the compiled pieces and its schema loses nothing; "
+    "inside a compiled graph with use_inductor_graph_partition, or with "
+    "splitting_ops emptied ([], or fuse_attn_quant)"
+)
+
+
+def splitting_ops(texts: dict[str, str]) -> dict[str, str]:
+    """The ops vLLM splits the compiled graph at by default, each with where
+    the tree lists it ("vllm/config/compilation.py:<line>"); {} for a tree
+    that lists none (read from the source, no import)."""
+    text = texts.get(COMPILATION)
+    if text is None:
+        return {}
+    try:
+        module = ast.parse(text)
+    except SyntaxError:
+        return {}
+    found = {}
+    for node in ast.walk(module):
+        target = getattr(node, "target", None)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if not (
+            isinstance(node, (ast.Assign, ast.AnnAssign))
+            and isinstance(target, ast.Name)
+            and target.id == "_attention_ops"
+            and isinstance(node.value, ast.List)
+        ):
+            continue
+        for element in node.value.elts:
+            if isinstance(element, ast.Constant) and isinstance(element.value, str):
+                found[element.value] = f"{COMPILATION}:{element.lineno}"
+    return found

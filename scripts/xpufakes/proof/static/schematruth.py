@@ -77,6 +77,7 @@ class Site:
     entry: str
     note: str
     when: str  # under which conditions the traced path takes it
+    split: str = ""  # where vLLM splits the compiled graph at the op by default
 
     @property
     def reached(self) -> bool:
@@ -516,6 +517,11 @@ def check(
         and facts[c.op].schema.returned_aliases()
     ]
     reached = _place(lying, by_op, unknown + aliasing, texts, source, fixed)
+    split = pathconditions.splitting_ops(texts)
+    for o in lying:
+        if o.op in split:
+            for site in o.sites:
+                site.split = pathconditions.SPLIT.format(at=split[o.op])
     unknown = [c for c in unknown if c in reached]
     truth = Truth(lying, checked, unknown, sources, warnings)
     truth.refused = [c for c in aliasing if c in reached]
@@ -793,6 +799,8 @@ def lines(truth: Truth) -> list[str]:
                 said.append(f"    {c.file}:{c.line} {c.function}{via} [{head}]")
                 said.append(f"      entry: {site.entry}")
                 said.append(f"      taken {site.when}")
+                if site.split:
+                    said.append(f"      {site.split}")
             else:
                 why = site.note or "not on the traced path"
                 said.append(
@@ -864,6 +872,7 @@ def to_json(truth: Truth) -> dict:
                         "entry": s.entry,
                         "note": s.note,
                         "when": s.when,
+                        "split": s.split,
                     }
                     for s in o.sites
                 ],
