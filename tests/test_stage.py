@@ -31,6 +31,7 @@ from test_tool import _checkout_like
 from support import releases, tool
 from xpufakes.changes import opfacts, recipes
 from xpufakes.common import isolated, ops, paths
+from xpufakes.common.errors import Refusal
 from xpufakes.staging import inplace, treechecks
 from xpufakes.trees import pins
 
@@ -690,3 +691,51 @@ def test_sigterm_midway_stranded_todays_stage(checkout, tmp_path):
     assert status == -signal.SIGTERM
     left = _leftovers(checkout, tmp_path / "tmp")
     assert len(left) == 4, left  # the branch, two worktrees, the directory
+
+
+# the hooks' lines as the trees' .pre-commit-config.yaml write them
+RUFF_BY_RELEASE = """- repo: https://github.com/astral-sh/ruff-pre-commit
+  rev: v0.14.0
+"""
+RUFF_FROZEN = """- repo: https://github.com/astral-sh/ruff-pre-commit
+  rev: f368fb366ff7f2f808dd324b83a6d32267799e19  # frozen: v0.17.2
+"""
+MYPY_0_21_0 = (
+    "  - id: mypy-local\n"
+    "    name: Run mypy locally for lowest supported Python version\n"
+    '    entry: python tools/pre_commit/mypy.py 0 "3.10"\n'
+    "    stages: [pre-commit] # Don't run in CI\n"
+    "    <<: &mypy_common\n"
+    "      language: python\n"
+    "      types_or: [python, pyi]\n"
+    "      require_serial: true\n"
+    '      additional_dependencies: ["mypy[faster-cache]==1.19.1", regex, '
+    "types-cachetools, types-setuptools, types-PyYAML, types-requests, "
+    "types-torch, pydantic]\n"
+)
+
+
+def test_the_check_tools_are_the_releases_the_config_pins():
+    """0.21.0's mypy hook lists "mypy[faster-cache]==1.19.1" (brackets in a
+    flow sequence: the list used to end at its ']', asking pip for
+    'mypy[faster-cache', and `make stage` on that tree could not install
+    its tools); 0.34.0 pins ruff by commit with the release in a 'frozen'
+    comment (it used to ask for ruff==<commit>). Negative control: a commit
+    with no release said is refused in one line, not guessed."""
+    wanted = treechecks.tool_requirements(RUFF_BY_RELEASE + MYPY_0_21_0)
+    assert wanted == [
+        "ruff==0.14.0",
+        "regex",
+        "PyYAML",
+        "mypy[faster-cache]==1.19.1",
+        "types-cachetools",
+        "types-setuptools",
+        "types-PyYAML",
+        "types-requests",
+        "types-torch",
+        "pydantic",
+    ]
+    assert treechecks.tool_requirements(RUFF_FROZEN)[0] == "ruff==0.17.2"
+    bare = RUFF_FROZEN.split("  # frozen")[0] + "\n"
+    with pytest.raises(Refusal, match="pins ruff by commit"):
+        treechecks.tool_requirements(bare)

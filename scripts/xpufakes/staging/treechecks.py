@@ -78,18 +78,36 @@ def _pin(config: str, pattern: str) -> str | None:
 
 def tool_requirements(config: str) -> list[str]:
     """What the checks need from PyPI, at the releases the config pins."""
-    ruff = _pin(config, r"astral-sh/ruff-pre-commit\s*\n\s*rev:\s*v?([\w.]+)")
+    # the release, or a commit with the release in pre-commit's "frozen"
+    # comment (`rev: f368fb3...  # frozen: v0.17.2`, 0.34.0's)
+    ruff = _pin(
+        config,
+        r"astral-sh/ruff-pre-commit\s*\n\s*rev:\s*(?:[0-9a-f]{40}\s*#\s*frozen:\s*)?v?([\w.]+)",
+    )
     if not ruff:
         raise Refusal(f"{CONFIG} pins no ruff release (astral-sh/ruff-pre-commit)")
+    if re.fullmatch(r"[0-9a-f]{40}", ruff):
+        raise Refusal(
+            f"{CONFIG} pins ruff by commit ({ruff}) and does not say its release "
+            "(no '# frozen: v...' comment); cannot install it"
+        )
     wanted = [f"ruff=={ruff}", "regex", "PyYAML"]
-    mypy_deps = re.search(
-        r"id: mypy\b.*?additional_dependencies:\s*\[([^\]]*)\]", config, re.S
-    )
+    mypy_deps = _MYPY_DEPS.search(config)
     if mypy_deps:
         wanted += [
-            d.strip().strip("\"'") for d in mypy_deps.group(1).split(",") if d.strip()
+            d.strip("\"'") for d in _FLOW_ITEM.findall(mypy_deps.group(1)) if d.strip()
         ]
     return list(dict.fromkeys(wanted))
+
+
+# the mypy hook's additional_dependencies, a YAML flow sequence whose items
+# may hold brackets ("mypy[faster-cache]==1.19.1", 0.21.0's), quoted or not
+_MYPY_DEPS = re.compile(
+    r"id: mypy\b.*?additional_dependencies:\s*"
+    r"""\[((?:"[^"]*"|'[^']*'|[^\]"'\[]|\[[^\]]*\])*)\]""",
+    re.S,
+)
+_FLOW_ITEM = re.compile(r"""\s*("[^"]*"|'[^']*'|[^,]+?)\s*(?:,|$)""")
 
 
 def _environment(config: str) -> Path:
