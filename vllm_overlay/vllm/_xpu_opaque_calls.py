@@ -45,6 +45,7 @@ Nothing here imports IPEX or a native extension when it is imported.
 import importlib
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -53,7 +54,7 @@ from vllm.platforms import current_platform
 try:
     from vllm.utils.torch_utils import direct_register_custom_op
 except ImportError:  # vLLM < 0.11.1
-    from vllm.utils import direct_register_custom_op
+    from vllm.utils import direct_register_custom_op  # type: ignore
 
 # callee -> (op name, parameters, mutated parameters, returns): returns is ""
 # (nothing) or "new_like <param>" (a new contiguous tensor like that param).
@@ -546,7 +547,7 @@ def callee(name: str) -> Callable:
     and a build's extensions exist only on the XPU host)."""
     if name not in _callees:
         parts = name.split(".")
-        found = None
+        found: Any = None
         for i in range(len(parts) - 1, 0, -1):
             try:
                 found = importlib.import_module(".".join(parts[:i]))
@@ -592,7 +593,7 @@ def _impl(name: str, returns: str, signature: inspect.Signature) -> Callable:
         result = callee(name)(*given)
         return result if returns else None
 
-    impl.__signature__ = signature.replace(
+    impl.__signature__ = signature.replace(  # type: ignore[attr-defined]
         return_annotation=torch.Tensor if returns else None
     )
     impl.__name__ = f"_{CONTRACTS[name][0]}_impl"
@@ -608,7 +609,7 @@ def _fake(name: str, returns: str, signature: inspect.Signature) -> Callable:
         x = args[like]
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
-    fake.__signature__ = signature
+    fake.__signature__ = signature  # type: ignore[attr-defined]
     fake.__name__ = f"_{CONTRACTS[name][0]}_fake"
     return fake
 
