@@ -610,6 +610,14 @@ def test_classify_tells_added_old_and_caused_findings():
         treechecks.ADDED,
         treechecks.CAUSED,  # a line the change kept, a finding it brought
     ]
+    # a line the change only marked for the linter (b6's `import vllm._C.ops`
+    # after its try, E402 before and after): the tree's finding still; the
+    # control, the statement itself changed, is the change's
+    marked = finding(25, "E402", "import vllm._C.ops  # noqa: F401")
+    old = [finding(17, "E402", "import vllm._C.ops")]
+    assert treechecks.classify([marked], old, {})[0][1] == treechecks.OLD
+    other = finding(25, "E402", "import vllm._C.ops as ops  # noqa: F401")
+    assert treechecks.classify([other], old, {})[0][1] == treechecks.CAUSED
 
 
 # ---------------------------------------------------------------------------

@@ -735,9 +735,18 @@ def _keep_unused_imports(lines: list[str], names: set[str]) -> None:
     the function it is in, or the module) stays (it says what the module
     needs: `import intel_extension_for_pytorch as ipex` in a try that
     re-raises, `from pkg import f` in a try that falls back on ImportError),
-    marked for the linter as used; one that would pass the line length
-    then is laid out as ruff's isort lays it out."""
+    marked for the linter as used (and, in a function, as no redefinition
+    where the module imports the same name, unused too now: b6's
+    `import vllm._C.ops` at the top of _ipex_ops.py and again in its
+    rotary_embedding); one that would pass the line length then is laid out
+    as ruff's isort lays it out."""
     tree = ast.parse("".join(lines))
+    at_module = {
+        a.asname or a.name.split(".")[0]
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for a in node.names
+    }
     scopes: dict[int, ast.AST] = {}  # node -> the innermost function it is in
     for node in ast.walk(tree):  # outer functions first
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -759,7 +768,8 @@ def _keep_unused_imports(lines: list[str], names: set[str]) -> None:
         row = node.lineno - 1
         if node.lineno != node.end_lineno or "noqa" in lines[row]:
             continue
-        marked = lines[row].rstrip("\n") + "  # noqa: F401\n"
+        codes = "F401, F811" if scope is not tree and bound & at_module else "F401"
+        marked = lines[row].rstrip("\n") + f"  # noqa: {codes}\n"
         one = isinstance(node, ast.ImportFrom) and len(node.names) == 1
         if len(marked) - 1 > 88 and one:
             indent = lines[row][: len(lines[row]) - len(lines[row].lstrip())]
@@ -767,7 +777,7 @@ def _keep_unused_imports(lines: list[str], names: set[str]) -> None:
             name = alias.name + (f" as {alias.asname}" if alias.asname else "")
             marked = (
                 f"{indent}from {'.' * node.level}{node.module or ''} import (\n"
-                f"{indent}    {name},  # noqa: F401\n{indent})\n"
+                f"{indent}    {name},  # noqa: {codes}\n{indent})\n"
             )
         lines[row] = marked
 

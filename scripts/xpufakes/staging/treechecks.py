@@ -340,6 +340,9 @@ def added_lines(root: Path, path: str) -> set[int]:
     return found
 
 
+_NOQA = re.compile(r"\s*#\s*noqa\b.*$")
+
+
 def _findings(ruff: str, tree: Path, files: list[str], env: dict) -> list[dict]:
     present = [f for f in files if (tree / f).is_file()]
     if not present:
@@ -367,15 +370,22 @@ def _findings(ruff: str, tree: Path, files: list[str], env: dict) -> list[dict]:
 def classify(after: list[dict], before: list[dict], added: dict[str, set[int]]):
     """[(finding, whose)]: ADDED, OLD or CAUSED (see the module's text).
     A finding was in the tree before if one of the same rule, message and
-    line text was (each earlier finding accounts for one later one)."""
-    earlier = Counter((f["path"], f["code"], f["message"], f["text"]) for f in before)
+    line text (but for a noqa comment) was (each earlier finding
+    accounts for one later one)."""
+
+    def key(f: dict) -> tuple:
+        # the statement, not a linter's mark on it: a noqa comment the change
+        # added to a line does not make the line's old finding the change's
+        return (f["path"], f["code"], f["message"], _NOQA.sub("", f["text"]))
+
+    earlier = Counter(key(f) for f in before)
     out = []
     for finding in after:
-        key = (finding["path"], finding["code"], finding["message"], finding["text"])
+        key_ = key(finding)
         if finding["location"]["row"] in added.get(finding["path"], set()):
             whose = ADDED
-        elif earlier[key] > 0:
-            earlier[key] -= 1
+        elif earlier[key_] > 0:
+            earlier[key_] -= 1
             whose = OLD
         else:
             whose = CAUSED
