@@ -30,10 +30,16 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpufakes.changes import engine, series
+from xpufakes.changes import engine, recipes, series
 from xpufakes.common.errors import NotAffected, Refusal
 from xpufakes.trees import compiled, pins
-from xpufakes.trees.tree import CHECKOUT, Tree, detect_version, files_era
+from xpufakes.trees.tree import (
+    CHECKOUT,
+    Tree,
+    detect_version,
+    files_era,
+    python_sources,
+)
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,21 @@ def _refuse_other_release(found: Tree, pin: pins.Pin, differing: list[str]) -> N
         )
 
 
+# a tree whose target files are a release's, with calls of an image's lying
+# kernels elsewhere (recipes.DOWNSTREAM)
+_DOWNSTREAM_WHY = (
+    "; {} other module(s) call an image's kernels whose schemas lie ({}...): "
+    "applying by recipe"
+)
+
+
+def _downstream(found: Tree, pin: pins.Pin) -> list[str]:
+    """The tree's modules the recipe path's DOWNSTREAM recipes would edit."""
+    if not recipes.DOWNSTREAM.get(pin.era):
+        return []
+    return recipes.downstream_work(pin.era, python_sources(found.root))
+
+
 def detect_base(found: Tree) -> Base:
     all_pins = pins.load()
     version, source, distance = _reported_version(found)
@@ -183,6 +204,9 @@ def detect_base(found: Tree) -> Base:
         if not fits:
             _refuse_other_release(found, pin, differing)
         why = "" if fits else "; its files are modified: applying by recipe"
+        downstream = _downstream(found, pin) if fits else []
+        if downstream:
+            fits, why = False, _DOWNSTREAM_WHY.format(len(downstream), downstream[0])
         return Base(
             version,
             pin,
@@ -223,6 +247,18 @@ def detect_base(found: Tree) -> Base:
         if not _differing(found, pin):
             if pin is not candidate:
                 how = "the pinned release whose files these are (sha256)"
+            downstream = _downstream(found, pin)
+            if downstream:
+                return Base(
+                    version,
+                    pin,
+                    era,
+                    False,
+                    False,
+                    f"vLLM {version} ({source}) is {kind}: assuming base "
+                    f"{pin.version}, {how}; its files are {pin.version}'s"
+                    + _DOWNSTREAM_WHY.format(len(downstream), downstream[0]),
+                )
             return Base(
                 version,
                 pin,

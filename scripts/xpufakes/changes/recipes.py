@@ -993,3 +993,27 @@ DOWNSTREAM: dict[str, tuple[Recipe, ...]] = {
         ),
     ),
 }
+
+
+def downstream_work(era: str, sources: dict[str, str]) -> list[str]:
+    """The modules of a tree (its Python, by path) that the recipe path's
+    DOWNSTREAM recipes of `era` would edit: a call of an image's kernel whose
+    schema lies (or one the recipe refuses, which the recipe path says).
+    A tree whose target files are a pinned release's but that has any takes
+    the recipe path all the same (changes/base.py): its series alone would
+    leave the lie."""
+    found = []
+    for recipe in DOWNSTREAM.get(era, ()):
+        for edit in recipe.edits:
+            if edit.anywhere_if is None:
+                continue
+            for path, text in sources.items():
+                if path in OUR_MODULES or not edit.anywhere_if(text):
+                    continue
+                try:
+                    changed = edit.edit(text) != text
+                except (RecipeError, SyntaxError):
+                    changed = True
+                if changed and path not in found:
+                    found.append(path)
+    return sorted(found)
