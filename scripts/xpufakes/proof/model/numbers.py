@@ -381,8 +381,8 @@ def _vacuous(eager: list) -> str:
         return "the forward returned no tensor"
     if any(not bool(torch.isfinite(t.float()).all()) for t in eager):
         return (
-            "the eager output is not finite (weights the build left "
-            "uninitialized read as NaN): nothing compared"
+            "the eager output is not finite (NaN: weights the build left "
+            "uninitialized, or a buffer no kernel wrote): nothing compared"
         )
     if all(not bool(t.any()) for t in eager):
         return "the eager output is all zeros: nothing compared"
