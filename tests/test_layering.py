@@ -50,7 +50,8 @@ LAYERS = {
     ],
     "proof.xpu": [
         "cpu_kernels builtin device quantize_convert_standin esimd_kernels",
-        "ipex extensions xpu_kernels loading_ops packages sym_int4 reference",
+        "moe_kernels fused_moe_standin",
+        "ipex extensions xpu_kernels loading_ops packages sym_int4 reference xpu_moe",
         "registering esimd",
     ],
     "proof.model": [

@@ -17,18 +17,26 @@ the tree's fake returns a new tensor, as the image's does):
   1 token, the truthful schema    compiled = eager: the same kernel, its
                                   write declared (`Tensor(a!) output`)
 
-On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
-has none): the block-fp8 model with N = 192 (deepseek_v2_fp8_block) takes
-the ESIMD block GEMM at the start-up's 2048 tokens: compiled != eager,
-unpatched; the aligned one (qwen3_fp8_block) only below 16 tokens. With
-the truthful schemas, compiled = eager. After `make apply` (the lying
-ops run as vLLM ops that declare their writes), and with the plugin
-installed on the tree as it is: the static audit finds no lie on the
-traced path, and compiled = eager at every count.
+The MoE path as the b18beee image builds it (proof/xpu/xpu_moe.py): the
+router and the experts' CPU references against the MoE written out token
+by token; a router that does not renormalize, or a wrong expert, fails it.
 
-What is stood in: the device (the ESIMD kernels and XPU flash attention
-are XPU code; their CPU references compute what the C++ writes), as
-numbers.py and proof/xpu/esimd.py say."""
+On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
+has none): the MoE entries compiled = eager at 2048 and 2 tokens (1 token:
+the decode GEMV's dropped write, or Mixtral's eager forward stopping on the
+tree's own dtype mismatch, said so); with the experts' gather dropping its
+write, nothing is compared. The block-fp8 model with N = 192
+(deepseek_v2_fp8_block) takes the ESIMD block GEMM at the start-up's 2048
+tokens: compiled != eager, unpatched; the aligned one (qwen3_fp8_block)
+only below 16 tokens. With the truthful schemas, compiled = eager. After
+`make apply` (the lying ops run as vLLM ops that declare their writes),
+and with the plugin installed on the tree as it is: the static audit finds
+no lie on the traced path, and compiled = eager at every count.
+
+What is stood in: the device (the ESIMD kernels, vllm-xpu-kernels' MoE
+ops and XPU flash attention are XPU code; their CPU references compute
+what the C++ writes), as numbers.py, proof/xpu/esimd.py and
+proof/xpu/xpu_moe.py say."""
 
 import json
 import os
@@ -279,3 +287,204 @@ def test_the_group_quant_reference_round_trips_within_fp8():
     assert torch.allclose(q.float().abs().view(4, 2, 128).amax(-1), torch.tensor(448.0))
     whole_row = x.abs().amax(-1, keepdim=True) / 448.0
     assert (x[:, 128:] / whole_row).abs().amax() < 448.0 / 10
+
+
+# --- the MoE path (vllm-xpu-kernels' MoE ops as the b18beee image builds them)
+
+
+@pytest.fixture(scope="module")
+def moe_ops():
+    """The image's MoE ops defined with their CPU references, and `_C`'s
+    silu_and_mul (the experts' activation) as vllm-xpu-kernels 0.1.7
+    registers it; kept while the module's tests run."""
+    from xpufakes.proof.xpu import xpu_kernels, xpu_moe
+
+    entry = xpu_moe.image_entry("b18beee", "0.21.0")
+    schemas = xpu_kernels.xpu_kernels_c_schemas("vllm-xpu-kernels 0.1.7")
+    return [
+        xpu_moe.define_ops(entry["ops"]),
+        xpu_kernels.define_xpu_kernels_c_ops({"silu_and_mul": schemas["silu_and_mul"]}),
+    ]
+
+
+def moe_written_out(x, logits, w1, w3, w2, top_k: int, renormalize: bool):
+    """Each token's MoE, token by token: the softmax of its router logits,
+    its top-k experts (their softmax values, divided by their sum where
+    renormalized), the sum of each chosen expert's silu(x W1^T) * (x W3^T)
+    W2^T times its weight (fp32; dequantized weights [out, in])."""
+    import torch
+
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.size(0)):
+        p = torch.softmax(logits[t].float(), -1)
+        ids = sorted(range(p.numel()), key=lambda e: -float(p[e]))[:top_k]
+        total = sum(float(p[e]) for e in ids) if renormalize else 1.0
+        for e in ids:
+            row = x[t].float()
+            act = torch.nn.functional.silu(w1[e] @ row) * (w3[e] @ row)
+            out[t] += float(p[e]) / total * (w2[e] @ act)
+    return out
+
+
+def test_the_moe_references_compute_each_tokens_experts(moe_ops):
+    """The router (_moe_C::topk_softmax) and the experts
+    (fused_moe_interface.XpuFusedMoe: remap_hidden_states, the grouped GEMM
+    twice, silu_and_mul, moe_gather) against the MoE written out token by
+    token: fp8 weights with one scale per expert, in the package's [E, K, N]
+    layout. Negative controls: the router not renormalizing, and each token
+    sent to the next expert, give another result. Costs well under 1 s."""
+    import torch
+
+    from xpufakes.proof.xpu import moe_kernels
+    from xpufakes.proof.xpu.fused_moe_standin import XpuFusedMoe
+
+    g = torch.Generator().manual_seed(0)
+    tokens, hidden, inter, experts, top_k = 5, 64, 32, 4, 2
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    logits = torch.randn(tokens, experts, generator=g).to(torch.bfloat16)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) * 0.3).to(
+        torch.float8_e4m3fn
+    )
+    w2 = (torch.randn(experts, hidden, inter, generator=g) * 0.3).to(
+        torch.float8_e4m3fn
+    )
+    s13, s2 = torch.rand(experts, generator=g) + 0.5, torch.rand(experts) + 0.5
+    deq13 = w13.float() * s13.view(-1, 1, 1)
+    deq2 = w2.float() * s2.view(-1, 1, 1)
+    expected = moe_written_out(
+        x, logits, deq13[:, :inter], deq13[:, inter:], deq2, top_k, True
+    )
+
+    def route(renormalize: bool):
+        weights = torch.empty(tokens, top_k)
+        ids = torch.empty(tokens, top_k, dtype=torch.int32)
+        rows = torch.empty(tokens, top_k, dtype=torch.int32)
+        torch.ops._moe_C.topk_softmax(weights, ids, rows, logits, renormalize, None)
+        return weights, ids, rows
+
+    def experts_of(weights, ids):
+        moe = XpuFusedMoe(
+            w13.transpose(1, 2).contiguous(), s13, None,
+            w2.transpose(1, 2).contiguous(), s2, None,
+            top_k, "silu", experts, is_fp8=True,
+        )  # fmt: skip
+        out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16)
+        moe.apply(out, x, weights, ids)
+        return out.float()
+
+    weights, ids, rows = route(True)
+    assert torch.equal(rows.t().reshape(-1), torch.arange(tokens * top_k).int())
+    assert torch.allclose(weights.sum(-1), torch.ones(tokens))
+    got = experts_of(weights, ids)
+    scale = float(expected.abs().max())
+    assert scale > 0 and float((got - expected).abs().max()) <= 0.02 * scale
+    # negative controls: a wrong router, a wrong expert
+    plain, plain_ids, _ = route(False)
+    assert torch.equal(plain_ids, ids) and not torch.allclose(plain, weights)
+    for wrong in (experts_of(plain, ids), experts_of(weights, (ids + 1) % experts)):
+        assert float((wrong - expected).abs().max()) > 0.1 * scale
+    # the grouped GEMM writes ptr_D and returns it; its refusals are the C++'s
+    a = torch.randn(3, hidden).to(torch.bfloat16)
+    d = torch.empty(3, 2 * inter, dtype=torch.bfloat16)
+    counts = torch.tensor([1, 0, 2, 0], dtype=torch.int32)
+    b = w13.transpose(1, 2).contiguous()
+    gemm = moe_kernels.cutlass_grouped_gemm_interface
+    assert (
+        gemm(a, b, s13, None, d, counts, 2 * inter, hidden, experts, False, False) is d
+    )
+    assert torch.allclose(
+        d[1:].float(), a[1:].float() @ deq13[2].t(), rtol=0.02, atol=0.05
+    )
+    with pytest.raises(RuntimeError, match="ptr_scales of fp8 must be 1D"):
+        gemm(a, b, s13.view(-1, 1), None, d, counts, 2 * inter, hidden, experts, 0, 0)
+    with pytest.raises(RuntimeError, match="rows_per_expert must be int32"):
+        moe_kernels.remap_hidden_states(
+            x, None, torch.empty(tokens * top_k, hidden, dtype=x.dtype), None, None,
+            torch.zeros(experts, dtype=torch.int64), rows, ids, experts, experts,
+        )  # fmt: skip
+
+
+def test_the_moe_stand_ins_are_for_the_image_that_builds_them():
+    """Only a tree of the image's vLLM release gets its MoE ops: another
+    release's glue and schemas differ (the newest pin's vllm-xpu-kernels'
+    grouped GEMM takes ptr_A_scale / ptr_B_scale, its XpuFusedMoe lays the
+    weights out itself)."""
+    from xpufakes.proof.xpu import xpu_moe
+
+    entry = xpu_moe.image_entry("b18beee", "0.21.0")
+    assert "rows_per_expert" in entry["ops"]["_moe_C::remap_hidden_states"]
+    assert xpu_moe.image_entry("b18beee", releases.newest()) == {}
+    assert xpu_moe.image_entry(None, "0.21.0") == {}
+
+
+MOE_MODELS = ["qwen3_vl_moe", "qwen3_moe", "mixtral_fp8"]
+
+
+@pytest.mark.skipif(
+    not GIT_DIR or not Path(GIT_DIR).is_dir(),
+    reason="set XPUFAKES_LLM_SCALER to an intel/llm-scaler git directory",
+)
+def test_the_moe_entries_on_the_real_b18beee_tree(tmp_path):
+    """The MoE entries computed through the image's MoE ops (the router and
+    the experts inside vLLM's opaque vllm::moe_forward): compiled = eager at
+    2048 and 2 tokens; at 1 token the dense fp8 linear's decode GEMV drops
+    its write (compiled != eager) for the Qwen3 ones, and Mixtral's eager
+    forward itself stops (its bf16 router gate, mixtral.py:152, gets the
+    float16 the GEMV path allocates): not run, said so. About 70 s."""
+    from test_llm_scaler_trees import rebuild
+
+    root = rebuild("b18beee", tmp_path / "b18beee")
+    found = {m["model"]: m for m in prove(root, MOE_MODELS, "2048,1,2")}
+    for name in MOE_MODELS:
+        assert "fused_moe_standin.py" in found[name]["standins"], found[name]
+        got = cells(found[name])
+        for backend in numbers.BACKENDS:
+            for count in (2048, 2):
+                cell = got[(count, backend)]
+                assert cell["result"] == numbers.EQUAL, cell
+                assert cell["largest"] > 0, cell
+            one = got[(1, backend)]
+            if name == "mixtral_fp8":
+                assert one["result"] == numbers.NOT_RUN, one
+                assert "mixtral.py:152" in one["error"], one
+                assert "Half != c10::BFloat16" in one["error"], one
+            else:
+                assert one["result"] == numbers.DIFFERENT, one
+    # the negative control: the experts' gather drops its write (the MoE
+    # layer's output buffer left as torch allocated it, NaN): the eager
+    # output is NaN, nothing compared, never equal; so the cells above
+    # compared what the experts computed
+    dropped = _with_gather_dropped(root, "qwen3_moe", tmp_path)
+    for backend in numbers.BACKENDS:
+        cell = dropped[(2, backend)]
+        assert cell["result"] == numbers.NOT_RUN, cell
+        assert "not finite" in cell["error"], cell
+
+
+DROP_GATHER = """
+import sys
+from xpufakes.proof.model import cli
+from xpufakes.proof.xpu import moe_kernels
+
+moe_kernels.REFERENCES["_moe_C::moe_gather"] = lambda *args: None
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _with_gather_dropped(root: Path, model: str, tmp_path: Path) -> dict:
+    """(tokens, backend) -> cell of `model` at 2 tokens, its proof run with
+    moe_gather's reference writing nothing."""
+    import subprocess
+
+    from xpufakes.common import isolated
+
+    out = tmp_path / "dropped.json"
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    subprocess.run(
+        [str(TREE_PYTHON), "-c", DROP_GATHER, str(root), model, str(out)]
+        + ["--standins", kernels, "--configurations", "default", "--numbers", "2"],
+        capture_output=True,
+        env=isolated.env(),
+        timeout=900,
+    )
+    return cells(json.loads(out.read_text())["models"][0])

@@ -21,6 +21,7 @@ from xpufakes.proof.xpu import (
     registering,
     sym_int4,
     xpu_kernels,
+    xpu_moe,
 )
 
 # vLLM's compile cache and AOT compile: off, so that nothing is written to
@@ -82,6 +83,14 @@ def setup(tree: Path, standins: str, esimd_truthful: bool = False) -> list:
                 "vllm_xpu_kernels", None, is_package=True
             )
         sys.meta_path.append(xpu_kernels.XPUKernelModules())
+        # vllm-xpu-kernels' MoE ops and its fused_moe_interface as the image
+        # of an ESIMD-loading tree builds them (xpu_moe.py): the MoE path runs
+        if _loads_esimd(tree):
+            version = _version(tree)
+            moe_ops, said = xpu_moe.install(esimd.commit_for(version)[0], version)
+            kept += moe_ops
+            if said:
+                HELPERS.append(said)
     # before anything of vLLM asks for it (a module that imports
     # current_platform keeps the one it got)
     import vllm.platforms

@@ -44,7 +44,7 @@ import time
 
 from xpufakes.proof.model import build as building
 from xpufakes.proof.model import models as model_data
-from xpufakes.proof.model.trace import not_built
+from xpufakes.proof.model.trace import not_built, tree_frames
 
 TOKENS = model_data.NUMBERS_TOKENS
 BACKENDS = ("aot_eager", "inductor")
@@ -52,6 +52,8 @@ BACKENDS = ("aot_eager", "inductor")
 TOLERANCE = 0.02
 
 EQUAL, DIFFERENT, NOT_RUN = "equal", "different", "not run"
+# where the tree's model modules are (an eager failure is said from there in)
+MODELS_DIR = "vllm/model_executor/models/"
 
 
 def _tensors(value) -> list:
@@ -319,7 +321,7 @@ def compare(
         # holds the right values by chance (module docstring)
         for count in sorted(tokens):
             result["cells"] += _cells(
-                built, model, vllm_config, choice, count, backends
+                built, model, vllm_config, choice, count, backends, tree
             )
     order = {count: i for i, count in enumerate(tokens)}
     result["cells"].sort(key=lambda c: order[c["tokens"]])
@@ -331,9 +333,11 @@ def compare(
     return result
 
 
-def _cells(built, model, vllm_config, choice, count: int, backends) -> list[dict]:
+def _cells(built, model, vllm_config, choice, count: int, backends, tree) -> list[dict]:
     """The cells of one token count: each backend's compiled run, then the
-    eager run, compared."""
+    eager run, compared. Where the eager forward itself fails (the tree's
+    own code, not compiled), the cells are not run, with the error and the
+    tree's innermost frames it passed through."""
     inputs = building.inputs(model, built, count)
     compiled, cells = {}, []
     for name in backends:
@@ -347,7 +351,9 @@ def _cells(built, model, vllm_config, choice, count: int, backends) -> list[dict
     try:
         eager = _eager(built, inputs, vllm_config)
     except Exception as e:  # noqa: BLE001 - the cell's result
-        return [_not_run(count, b, f"eager: {_said(e)}") for b in backends]
+        at = _at(tree_frames(e, tree))
+        said = f"eager (the tree's forward, not compiled) fails{at}: {_said(e)}"
+        return [_not_run(count, b, said) for b in backends]
     vacuous = _vacuous(eager)
     if vacuous:
         return [_not_run(count, b, vacuous) for b in backends]
@@ -375,12 +381,21 @@ def _vacuous(eager: list) -> str:
         return "the forward returned no tensor"
     if any(not bool(torch.isfinite(t.float()).all()) for t in eager):
         return (
-            "the eager output is not finite (weights the build left "
-            "uninitialized read as NaN): nothing compared"
+            "the eager output is not finite (NaN: weights the build left "
+            "uninitialized, or a buffer no kernel wrote): nothing compared"
         )
     if all(not bool(t.any()) for t in eager):
         return "the eager output is all zeros: nothing compared"
     return ""
+
+
+def _at(frames: list[str]) -> str:
+    """ " at <frame> > ... > <frame>": the tree's frames from the model
+    module's innermost (its line that called what failed) inwards."""
+    if not frames:
+        return ""
+    models = [i for i, f in enumerate(frames) if f.startswith(MODELS_DIR)]
+    return " at " + " > ".join(frames[models[-1] if models else -1 :])
 
 
 def _said(error: BaseException) -> str:
