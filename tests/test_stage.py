@@ -727,7 +727,7 @@ def test_the_check_tools_are_the_releases_the_config_pins():
     """0.21.0's mypy hook lists "mypy[faster-cache]==1.19.1" (brackets in a
     flow sequence: the list used to end at its ']', asking pip for
     'mypy[faster-cache', and `make stage` on that tree could not install
-    its tools); 0.34.0 pins ruff by commit with the release in a 'frozen'
+    its tools); the newest pin pins ruff by commit with the release in a 'frozen'
     comment (it used to ask for ruff==<commit>). Negative control: a commit
     with no release said is refused in one line, not guessed."""
     wanted = treechecks.tool_requirements(RUFF_BY_RELEASE + MYPY_0_21_0)

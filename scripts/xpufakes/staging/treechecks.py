@@ -79,7 +79,7 @@ def _pin(config: str, pattern: str) -> str | None:
 def tool_requirements(config: str) -> list[str]:
     """What the checks need from PyPI, at the releases the config pins."""
     # the release, or a commit with the release in pre-commit's "frozen"
-    # comment (`rev: f368fb3...  # frozen: v0.17.2`, 0.34.0's)
+    # comment (`rev: <commit>  # frozen: v<release>`, as later trees write it)
     ruff = _pin(
         config,
         r"astral-sh/ruff-pre-commit\s*\n\s*rev:\s*(?:[0-9a-f]{40}\s*#\s*frozen:\s*)?v?([\w.]+)",
