@@ -492,6 +492,23 @@ def test_a_lying_splitting_op_is_said_to_run_between_the_compiled_pieces(upstrea
     assert traced and all(at in s.split for s in traced)
     said = "\n".join(schematruth.lines(truth))
     assert "use_inductor_graph_partition" in said
+    # the modes that compile the model whole, from the tree's enum: 0.33.0's
+    # set_splitting_ops_for_v1 empties splitting_ops for any mode but
+    # VLLM_COMPILE (its value 3, the last; NONE, 0, compiles nothing)
+    enum = texts[path][texts[path].index("class CompilationMode") :]
+    assert "STOCK_TORCH_COMPILE = 1" in enum and "VLLM_COMPILE = 3" in enum
+    whole = "CompilationMode.STOCK_TORCH_COMPILE or CompilationMode.DYNAMO_TRACE_ONCE"
+    assert all(whole in s.split for s in traced)
+    assert "VLLM_COMPILE (split" not in said and "NONE" not in traced[0].split
+    levels = {
+        path: "class CompilationLevel:\n    NO_COMPILATION = 0\n"
+        "    DYNAMO_AS_IS = 1\n    DYNAMO_ONCE = 2\n    PIECEWISE = 3\n"
+    }
+    assert pathconditions.whole_graph_modes(levels) == [
+        "CompilationLevel.DYNAMO_AS_IS",
+        "CompilationLevel.DYNAMO_ONCE",
+    ]
+    assert pathconditions.whole_graph_modes({}) == []
     assert all(not s.split for s in found[SAMPLER].sites)
     alone = dict(texts)
     alone[path] = alone[path].replace(f'"{INDEXER}",', "", 1)

@@ -280,15 +280,54 @@ def _tag(atom: ast.expr, named: dict[str, str]) -> str:
 # functionalization, Inductor) and the op itself runs as it is, between the
 # pieces. A schema that lies loses nothing there; it does where the op is
 # compiled inside a graph: with Inductor's graph partition (the partition
-# comes after functionalization) or with splitting_ops emptied (given as
-# [], or by fuse_attn_quant without graph partition).
+# comes after functionalization), with splitting_ops emptied (given as [],
+# or by fuse_attn_quant without graph partition), or in a compilation mode
+# (level, before 0.13) that compiles the model whole, split nowhere.
 COMPILATION = "vllm/config/compilation.py"
 SPLIT = (
     "by default vLLM splits the compiled graph at it ({at}: a splitting op), "
     "so it runs between the compiled pieces and its schema loses nothing; "
-    "inside a compiled graph with use_inductor_graph_partition, or with "
-    "splitting_ops emptied ([], or fuse_attn_quant)"
+    "inside a compiled graph with use_inductor_graph_partition, with "
+    "splitting_ops emptied ([], or fuse_attn_quant){whole}"
 )
+# the enum of compilation modes, and the member that splits (the last)
+_MODE_ENUMS = ("CompilationMode", "CompilationLevel")
+
+
+def whole_graph_modes(texts: dict[str, str]) -> list[str]:
+    """The tree's compilation modes (CompilationMode, or CompilationLevel
+    before 0.13) that compile the model whole, split nowhere: every member
+    but the first (no compilation) and the last (vLLM's piecewise
+    compilation, the only one set_splitting_ops_for_v1 splits), by value.
+    [] where the enum is not found (read from the source, no import)."""
+    try:
+        module = ast.parse(texts.get(COMPILATION, ""))
+    except SyntaxError:
+        return []
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name in _MODE_ENUMS:
+            members = []
+            for item in node.body:
+                if (
+                    isinstance(item, ast.Assign)
+                    and len(item.targets) == 1
+                    and isinstance(item.targets[0], ast.Name)
+                    and isinstance(item.value, ast.Constant)
+                    and type(item.value.value) is int
+                ):
+                    members.append((item.value.value, item.targets[0].id))
+            members.sort()
+            return [f"{node.name}.{name}" for _, name in members[1:-1]]
+    return []
+
+
+def split_note(at: str, texts: dict[str, str]) -> str:
+    """What the audit says beside a traced call of a splitting op listed at
+    `at`: where it runs by default, and when it is compiled after all."""
+    modes = whole_graph_modes(texts)
+    kind = "level" if modes and modes[0].startswith("CompilationLevel.") else "mode"
+    whole = f", or in {kind} {' or '.join(modes)} (split nowhere)" if modes else ""
+    return SPLIT.format(at=at, whole=whole)
 
 
 def splitting_ops(texts: dict[str, str]) -> dict[str, str]:

@@ -521,7 +521,7 @@ def check(
     for o in lying:
         if o.op in split:
             for site in o.sites:
-                site.split = pathconditions.SPLIT.format(at=split[o.op])
+                site.split = pathconditions.split_note(split[o.op], texts)
     unknown = [c for c in unknown if c in reached]
     truth = Truth(lying, checked, unknown, sources, warnings)
     truth.refused = [c for c in aliasing if c in reached]
