@@ -313,6 +313,54 @@ def test_sigkill_midway_then_status_and_revert(refs, tmp_path):
     assert not small_tree.strays(root)
 
 
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("pause-after:1", "state: an apply by recipe was interrupted before it"),
+        ("pause-after:committed", "state: patched by recipe"),
+    ],
+)
+def test_sigkill_on_the_recipe_path_then_status_and_revert(fault, said, tmp_path):
+    """A tree that takes the recipe path (0.14.1 with a downstream change),
+    its apply killed before anything changed or just after the commit
+    point: status names each file the run left and says what the tree is;
+    revert removes them and gives back every byte of the tree as it was.
+    (Before, status on the recipe path named none of them, and called a
+    tree with no file changed "partly applied".)"""
+    root = small_tree.make("0.14.1", tmp_path / "tree")
+    with open(root / "vllm" / "_ipex_ops.py", "a") as f:
+        f.write("# a downstream change\n")
+    before = _tree_bytes(root)
+    process = tool.start(
+        "apply", str(root), "--no-proof", env={"VLLM_XPU_FAKES_FAULT": fault}
+    )
+    assert process.stderr.readline().startswith("paused after")
+    process.kill()
+    process.wait()
+    left = small_tree.strays(root)
+    assert left
+    status = tool.run("status", str(root)).stdout
+    for path in left:
+        assert f"{path.relative_to(root)}: left by an interrupted run" in status
+    assert said in status.splitlines()[-1]
+    result = tool.run("revert", str(root))
+    assert result.returncode == 0, result.stderr
+    for path in left:
+        assert f"{path.relative_to(root)}: removed (left by an interrupted run)" in (
+            result.stdout
+        )
+    assert _tree_bytes(root) == before
+    assert not small_tree.strays(root)
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
 def test_strays_of_live_processes_are_kept(tmp_path):
     root = small_tree.make(KERNELS, tmp_path / "tree")
     live = subprocess.Popen(["sleep", "60"])

@@ -384,6 +384,11 @@ def summary(states: dict[str, str]) -> str:
     if any(s == CHANGED for s in states.values()):
         return "changed since apply by recipe"
     missing = [p for p, s in states.items() if s == NOT_APPLIED]
+    if missing and len(missing) == len(states):
+        return (
+            "an apply by recipe was interrupted before it changed any file "
+            f"({STATE_FILE} alone records it); `make revert`, then `make apply`"
+        )
     if missing:
         return (
             f"partly applied by recipe ({', '.join(missing)}: not applied); "

@@ -2,6 +2,8 @@
 first line that says which tree this is, a PATCHES= selection and the plan
 that reaches it, the sweep of what killed runs left."""
 
+from pathlib import Path
+
 from xpufakes.changes import base, engine, live, selection
 from xpufakes.common.errors import Refusal
 from xpufakes.common.transaction import Change
@@ -57,12 +59,19 @@ def reach(
     )
 
 
+def recipe_directories(found: Tree, pin: Pin, paths: list[Path]) -> set[Path]:
+    """On the recipe path, where a killed run's temporary files and backups
+    would be: the series' directories and those of the files the recipes
+    write (`paths`)."""
+    return engine.directories(engine.Plan.of(found, pin)) | {
+        p.parent for p in paths if p.parent.is_dir()
+    }
+
+
 def sweep_for_recipes(
     found: Tree, pin: Pin, changes: list[Change], report: Report
 ) -> None:
     """On the recipe path: the strays of killed runs in the series'
     directories and in those of the files the recipes change."""
-    directories = engine.directories(engine.Plan.of(found, pin)) | {
-        c.path.parent for c in changes if c.path.parent.is_dir()
-    }
+    directories = recipe_directories(found, pin, [c.path for c in changes])
     pipeline.sweep(found.root, directories, report)

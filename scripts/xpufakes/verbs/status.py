@@ -42,15 +42,7 @@ def by_series(found: Tree) -> list[str]:
     lines += [f"  {o.path}: {o.status}" for o in state.overlay]
     if detected.by_recipe:
         lines += _recipe_lines(found, detected, {f.path for f in state.files})
-    for stray in strays:
-        rel = transaction.rel(stray.path, found.root)
-        if stray.dead:
-            lines.append(
-                f"  {rel}: left by an interrupted run "
-                "(the next apply or revert removes it)"
-            )
-        else:
-            lines.append(f"  {rel}: being written by the running process {stray.pid}")
+    lines += _stray_lines(found, strays)
     summary = state.summary
     if summary == engine.MODIFIED and not any(
         f.carries_ours or f.status in (engine.MISSING, engine.DANGLING)
@@ -63,12 +55,31 @@ def by_series(found: Tree) -> list[str]:
 
 def by_recipe(found: Tree, state: live.RecipeState) -> list[str]:
     files = live.file_states(found, state)
+    written = [found.root / p for p in (*files, live.STATE_FILE)]
+    strays = transaction.strays(plans.recipe_directories(found, state.pin, written))
     return [
         plans.recipe_header(found, state),
         f"patches: {', '.join(state.patches)} ({live.STATE_FILE})",
         *(f"  {path}: {said}" for path, said in files.items()),
+        *_stray_lines(found, strays),
         f"state: {live.summary(files)}",
     ]
+
+
+def _stray_lines(found: Tree, strays: list[transaction.Stray]) -> list[str]:
+    """What a killed run left (the next apply or revert removes it), or what
+    a running one is writing."""
+    lines = []
+    for stray in strays:
+        rel = transaction.rel(stray.path, found.root)
+        if stray.dead:
+            lines.append(
+                f"  {rel}: left by an interrupted run "
+                "(the next apply or revert removes it)"
+            )
+        else:
+            lines.append(f"  {rel}: being written by the running process {stray.pid}")
+    return lines
 
 
 def _recipe_lines(found: Tree, detected: base.Base, listed: set[str]) -> list[str]:
