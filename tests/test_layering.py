@@ -49,7 +49,7 @@ LAYERS = {
         "scan schematruth",
     ],
     "proof.xpu": [
-        "cpu_kernels builtin device quantize_convert_standin esimd_kernels",
+        "cpu_kernels builtin device quantize_convert_standin esimd_kernels defining",
         "moe_kernels fused_moe_standin",
         "ipex extensions xpu_kernels loading_ops packages sym_int4 reference xpu_moe",
         "registering esimd",

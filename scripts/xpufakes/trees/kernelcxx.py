@@ -165,6 +165,23 @@ def library_blocks(text: str):
         yield kind, ns, variable, start, end
 
 
+def _calls(code: str, method: str, namespace: str = ""):
+    """(namespace, where its "(" is, its arguments) of each
+    `<variable>.<method>(...)` call ("def" or "impl") in the library blocks
+    of a C++ file's code (an _IMPL block's impl calls only: it defines
+    nothing). `namespace`: as definitions() takes it."""
+    for kind, ns, var, start, end in library_blocks(code):
+        if namespace and ns != "TORCH_EXTENSION_NAME":
+            continue
+        if method == "def" and kind != "def":
+            continue
+        pattern = rf"\b{re.escape(var)}\s*\.\s*{method}\s*\("
+        for call in re.finditer(pattern, code[start:end]):
+            open_at = start + call.end() - 1
+            close = _close(code, open_at)
+            yield namespace or ns, open_at, _split_top(code[open_at + 1 : close])
+
+
 def definitions(path: str, text: str, namespace: str = "") -> list[Definition]:
     """The schemas a C++ file's library blocks define (pybind11's m.def of a
     function, without a schema, is not one). `namespace`: the library's
@@ -172,22 +189,13 @@ def definitions(path: str, text: str, namespace: str = "") -> list[Definition]:
     (`TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops)`)."""
     code = strip_comments(text)
     found = []
-    for kind, ns, var, start, end in library_blocks(code):
-        if kind != "def" or (namespace and ns != "TORCH_EXTENSION_NAME"):
+    for ns, open_at, args in _calls(code, "def", namespace):
+        schema = _literal(args[0]) if args else None
+        if not schema or "->" not in schema or "(" not in schema:
             continue
-        ns = namespace or ns
-        for call in re.finditer(
-            rf"\b{re.escape(var)}\s*\.\s*def\s*\(", code[start:end]
-        ):
-            open_at = start + call.end() - 1
-            close = _close(code, open_at)
-            args = _split_top(code[open_at + 1 : close])
-            schema = _literal(args[0]) if args else None
-            if not schema or "->" not in schema or "(" not in schema:
-                continue
-            schema = " ".join(schema.split())
-            name = schema.split("(", 1)[0].strip()
-            found.append(Definition(ns, name, schema, path, _line(code, open_at)))
+        schema = " ".join(schema.split())
+        name = schema.split("(", 1)[0].strip()
+        found.append(Definition(ns, name, schema, path, _line(code, open_at)))
     return found
 
 
@@ -196,38 +204,27 @@ def impls(path: str, text: str, namespace: str = "") -> dict[str, Impl]:
     (`namespace`: as definitions() takes it)."""
     code = strip_comments(text)
     found: dict[str, Impl] = {}
-    for _kind, ns, var, start, end in library_blocks(code):
-        if namespace and ns != "TORCH_EXTENSION_NAME":
+    for ns, open_at, args in _calls(code, "impl", namespace):
+        name = _literal(args[0]) if args else None
+        if not name or len(args) < 2:
             continue
-        ns = namespace or ns
-        for call in re.finditer(
-            rf"\b{re.escape(var)}\s*\.\s*impl\s*\(", code[start:end]
-        ):
-            open_at = start + call.end() - 1
-            close = _close(code, open_at)
-            args = _split_top(code[open_at + 1 : close])
-            name = _literal(args[0]) if args else None
-            if not name or len(args) < 2:
-                continue
-            target = args[-1]
-            impl = Impl(f"{ns}::{name.split('.')[0]}", file=path)
-            impl.line = _line(code, open_at)
-            if target.startswith("["):
-                lam = code.index(target, open_at)
-                params_at = code.index("(", lam)
-                params_end = _close(code, params_at)
-                impl.lambda_params = params(code[params_at + 1 : params_end])
-                body_at = code.index("{", params_end)
-                head = code[params_end + 1 : body_at]
-                impl.lambda_returns = (
-                    head.split("->", 1)[1].strip() if "->" in head else ""
-                )
-                impl.lambda_body = code[body_at : _close(code, body_at, "{}") + 1]
-                impl.body_offset = body_at
-            else:
-                word = re.search(r"(\w+)\s*\)?\s*$", target.replace("&", ""))
-                impl.function = word.group(1) if word else ""
-            found[impl.op] = impl
+        target = args[-1]
+        impl = Impl(f"{ns}::{name.split('.')[0]}", file=path)
+        impl.line = _line(code, open_at)
+        if target.startswith("["):
+            lam = code.index(target, open_at)
+            params_at = code.index("(", lam)
+            params_end = _close(code, params_at)
+            impl.lambda_params = params(code[params_at + 1 : params_end])
+            body_at = code.index("{", params_end)
+            head = code[params_end + 1 : body_at]
+            impl.lambda_returns = head.split("->", 1)[1].strip() if "->" in head else ""
+            impl.lambda_body = code[body_at : _close(code, body_at, "{}") + 1]
+            impl.body_offset = body_at
+        else:
+            word = re.search(r"(\w+)\s*\)?\s*$", target.replace("&", ""))
+            impl.function = word.group(1) if word else ""
+        found[impl.op] = impl
     return found
 
 

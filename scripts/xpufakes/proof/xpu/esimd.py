@@ -19,7 +19,7 @@ import types
 
 from xpufakes.common import paths
 from xpufakes.proof.static.schematruth import ESIMD_PACKAGE, choose_commit
-from xpufakes.proof.xpu import esimd_kernels
+from xpufakes.proof.xpu import defining, esimd_kernels
 from xpufakes.proof.xpu.packages import _DownstreamName
 
 DATA = paths.DATA / "esimd_schemas.toml"
@@ -92,29 +92,19 @@ def define_ops(entry: dict, truthful: dict | None = None) -> tuple[list, list[st
     too, in the namespace TRUTHFUL, with a fake that returns nothing).
     Returns (the libraries: keep them referenced, the ops whose schema
     torch refused, with why)."""
-    import torch
-
     truthful = truthful or {}
-    libraries: dict[str, torch.library.Library] = {}
-    refused = []
-
-    def define(namespace: str, name: str, schema: str, kernel) -> bool:
-        if namespace not in libraries:
-            libraries[namespace] = torch.library.Library(namespace, "FRAGMENT")
-        try:
-            libraries[namespace].define(schema)
-        except RuntimeError as e:  # already defined, or a schema torch refuses
-            refused.append(f"{namespace}::{name}: {str(e).splitlines()[0]}")
-            return False
-        libraries[namespace].impl(name, kernel, "CPU")
-        return True
-
+    libraries: dict = {}
+    refused: list[str] = []  # already defined, or a schema torch refuses
     for op, facts in entry.get("ops", {}).items():
-        namespace, _, name = op.partition("::")
-        define(namespace, name, facts["schema"], _kernel(op))
+        name = op.partition("::")[2]
+        defining.define(libraries, op, facts["schema"], _kernel(op), refused=refused)
         contract = truthful.get(op)
-        if contract and define(
-            TRUTHFUL, name, truthful_schema(name, contract), _kernel(op, True)
+        if contract and defining.define(
+            libraries,
+            f"{TRUTHFUL}::{name}",
+            truthful_schema(name, contract),
+            _kernel(op, True),
+            refused=refused,
         ):
             libraries[TRUTHFUL]._register_fake(name, lambda *args, **kwargs: None)
     return list(libraries.values()), refused

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from xpufakes.proof.xpu import defining
 from xpufakes.proof.xpu.cpu_kernels import (
     bgmv_expand_with_slice,
     bgmv_shrink,
@@ -146,9 +147,7 @@ def define_torch_ipex_ops(also_cpu: bool = False) -> dict:
     lib = torch.library.Library("torch_ipex", "FRAGMENT")
     defined = []
     for name, (schema, kernel, key) in TORCH_IPEX_OPS.items():
-        op_name, _, overload = name.partition(".")
-        packet = getattr(torch.ops.torch_ipex, op_name, None)
-        if packet is not None and overload in packet.overloads():
+        if defining.defined(f"torch_ipex::{name}"):
             continue
         lib.define(schema, alias_analysis="CONSERVATIVE")
         keys = [key] + (["CPU"] if also_cpu and key == "XPU" else [])

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from xpufakes.proof.xpu import defining
 from xpufakes.proof.xpu.cpu_kernels import (
     dynamic_scaled_fp8_quant,
     static_scaled_fp8_quant,
@@ -38,15 +39,11 @@ def define_loading_ops(namespace: str) -> torch.library.Library:
     """Define the ops of LOADING_OPS in `namespace` ("torch_ipex": IPEX's;
     "_C": vllm-xpu-kernels') that are not defined yet, with their CPU
     kernels. Keep the returned library referenced."""
-    lib = torch.library.Library(namespace, "FRAGMENT")
-    for qualified, (schema, kernel) in LOADING_OPS.items():
-        if not qualified.startswith(f"{namespace}::"):
+    libraries = {namespace: torch.library.Library(namespace, "FRAGMENT")}
+    for op, (schema, kernel) in LOADING_OPS.items():
+        if not op.startswith(f"{namespace}::") or defining.defined(op):
             continue
-        name = qualified.partition("::")[2]
-        op_name, _, overload = name.partition(".")
-        packet = getattr(getattr(torch.ops, namespace), op_name, None)
-        if packet is not None and (overload or "default") in packet.overloads():
-            continue
-        lib.define(schema, alias_analysis="CONSERVATIVE" if overload else "")
-        lib.impl(name, kernel, "CPU")
-    return lib
+        named_overload = "." in op.partition("::")[2]
+        alias_analysis = "CONSERVATIVE" if named_overload else ""
+        defining.define(libraries, op, schema, kernel, alias_analysis)
+    return libraries[namespace]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from xpufakes.common import paths
-from xpufakes.proof.xpu import quantize_convert_standin
+from xpufakes.proof.xpu import defining, quantize_convert_standin
 from xpufakes.proof.xpu.cpu_kernels import (
     and_mul,
     dynamic_per_token_scaled_fp8_quant,
@@ -62,8 +62,7 @@ def define_xpu_kernels_c_ops(schemas: dict[str, str]) -> torch.library.Library:
     returned library referenced."""
     lib = torch.library.Library("_C", "FRAGMENT")
     for name, schema in schemas.items():
-        packet = getattr(torch.ops._C, name, None)
-        if packet is not None and "default" in packet.overloads():
+        if defining.defined(f"_C::{name}"):
             continue
         lib.define(schema)
         if name in XPU_KERNELS_C:
@@ -77,8 +76,7 @@ def define_xpu_device_queries(schemas: dict[str, str]) -> torch.library.Library:
     yet. Keep the returned library referenced."""
     lib = torch.library.Library("_xpu_C", "FRAGMENT")
     for name, answer in XPU_DEVICE.items():
-        packet = getattr(torch.ops._xpu_C, name, None)
-        if packet is not None and "default" in packet.overloads():
+        if defining.defined(f"_xpu_C::{name}"):
             continue
 
         def query(device_index: int = -1, answer: bool = answer) -> bool:

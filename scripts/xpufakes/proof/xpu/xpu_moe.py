@@ -11,7 +11,7 @@ import sys
 import tomllib
 
 from xpufakes.common import paths
-from xpufakes.proof.xpu import fused_moe_standin, moe_kernels
+from xpufakes.proof.xpu import defining, fused_moe_standin, moe_kernels
 
 DATA = paths.DATA / "xpu_moe_ops.toml"
 MODULE = "vllm_xpu_kernels.fused_moe_interface"
@@ -27,18 +27,10 @@ def image_entry(image: str | None, version: str) -> dict:
 def define_ops(ops: dict[str, str]) -> list:
     """Define each op ("ns::name" -> schema) not defined yet, with its CPU
     reference for the CPU key. Returns the libraries: keep them referenced."""
-    import torch
-
-    libraries: dict[str, torch.library.Library] = {}
+    libraries: dict = {}
     for op, schema in ops.items():
-        namespace, _, name = op.partition("::")
-        packet = getattr(getattr(torch.ops, namespace), name, None)
-        if packet is not None and "default" in packet.overloads():
-            continue
-        if namespace not in libraries:
-            libraries[namespace] = torch.library.Library(namespace, "FRAGMENT")
-        libraries[namespace].define(schema)
-        libraries[namespace].impl(name, moe_kernels.REFERENCES[op], "CPU")
+        if not defining.defined(op):
+            defining.define(libraries, op, schema, moe_kernels.REFERENCES[op])
     return list(libraries.values())
 
 
