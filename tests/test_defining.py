@@ -49,9 +49,9 @@ def test_a_refused_schema_raises_or_is_said():
         libraries, bad, "bad(Nonsense x) -> ()", print, "", refused
     )
     assert [r.partition(": ")[0] for r in refused] == [op, bad]
-    # torch's first line: why, for the one defined already; a schema torch
-    # cannot parse gets a message that starts with a newline (its first
-    # line is empty, as esimd.py has said it since it was written)
+    # torch's first line that says something: why (a schema torch cannot
+    # parse gets a message that starts with a newline)
     assert refused[0].startswith(f"{op}: Tried to register an operator"), refused
+    assert refused[1].split(": ", 1)[1].strip(), refused
     assert "\n" not in "".join(refused)
     assert not defining.defined(bad)

@@ -29,7 +29,7 @@ def define(
     library of its namespace in `libraries` (made there if it has none yet:
     keep them referenced), `kernel` its CPU kernel. A schema torch refuses
     (one defined already, or one it cannot parse) raises, or with `refused`
-    is added to it ("ns::name: <torch's first line>") and nothing is
+    is added to it ("ns::name: <torch's first line that says something>") and nothing is
     defined. Returns whether the op was defined."""
     namespace, _, name = op.partition("::")
     if namespace not in libraries:
@@ -39,7 +39,8 @@ def define(
     except RuntimeError as e:
         if refused is None:
             raise
-        refused.append(f"{op}: {str(e).splitlines()[0]}")
+        why = next((line for line in str(e).splitlines() if line.strip()), "")
+        refused.append(f"{op}: {why.strip()}")
         return False
     libraries[namespace].impl(name, kernel, "CPU")
     return True
