@@ -1,0 +1,246 @@
+"""The edit that makes vllm::sparse_attn_indexer's schema return nothing
+(changes/indexerop.py), on the pinned releases' own files, and what it
+changes under torch.compile.
+
+vLLM registers the op with mutates_args=["topk_indices_buffer", ...] and a
+function that returns that buffer as a plain Tensor: an undeclared alias
+(docs/schema-truth.md, kind (b)). The compile test registers a miniature of
+the op through the real direct_register_custom_op (its source read from the
+pinned 0.33.0, run as it is), unedited and edited."""
+
+import ast
+import re
+
+import pytest
+
+from support import releases
+from xpufakes.changes import indexerop
+
+# the releases whose diffs differ (one of each), the first that has the op
+VARIANTS = ("0.11.0", "0.14.1", "0.15.0", "0.22.0", "0.26.0", "0.33.0", "0.34.0")
+
+
+def _sources(version: str) -> dict[str, str]:
+    root = releases.pristine(version)
+    return {
+        str(p.relative_to(root)): p.read_text()
+        for p in sorted((root / "vllm").rglob("*.py"))
+        if indexerop.mentions(p.read_text())
+    }
+
+
+@pytest.mark.parametrize("version", VARIANTS)
+def test_the_edit_on_each_release(version):
+    """Where the release registers the op, the registration takes the two
+    functions that return nothing, whose parameters are the impl's; every
+    call of the op becomes the call, then a return of the buffer it passed.
+    Negative control: the unedited file returns the op's result."""
+    edited = 0
+    for path, text in _sources(version).items():
+        new = indexerop.edit(text)
+        if new == text:
+            continue
+        edited += 1
+        before, after = ast.parse(text), ast.parse(new)
+        calls = [c for c, _ in indexerop._calls(after)]
+        assert len(calls) == len(indexerop._calls(before))
+        for call in indexerop._calls(before):
+            assert isinstance(call[1], ast.Return)  # the negative control
+        for node in ast.walk(after):
+            if isinstance(node, ast.Return) and node.value in calls:
+                raise AssertionError(f"{path}: the op's result is still returned")
+        lines = new.splitlines()
+        for call in calls:
+            following = lines[call.end_lineno].strip()
+            assert following.startswith("return ") and following.endswith(
+                "topk_indices_buffer"
+            ), (path, following)
+        found = indexerop._registration(after)
+        if found is None:
+            continue
+        named = {k.arg: ast.unparse(k.value) for k in found[1].keywords}
+        impl = named["op_func"]
+        assert impl.endswith("_op") and named["fake_impl"] == f"{impl}_fake"
+        functions = {s.name: s for s in after.body if isinstance(s, ast.FunctionDef)}
+        original = functions[impl.removesuffix("_op")]
+        for name in (impl, f"{impl}_fake"):
+            stand_in = functions[name]
+            assert ast.unparse(stand_in.args) == ast.unparse(original.args)
+            assert ast.unparse(stand_in.returns) == "None"
+        # the impl itself is unchanged: its Python callers get the buffer
+        assert ast.unparse(original) == ast.unparse(
+            next(
+                s
+                for s in before.body
+                if isinstance(s, ast.FunctionDef) and s.name == original.name
+            )
+        )
+        assert indexerop.edit(text) == new  # the same each time
+    assert edited
+
+
+CALLER = """\
+    def forward(self, x):
+        {statement}torch.ops.vllm.sparse_attn_indexer(
+            x, self.topk_indices_buffer{more}
+        ){tail}
+"""
+
+
+@pytest.mark.parametrize(
+    ("statement", "more", "tail", "why"),
+    [
+        ("out = ", "", "", "not a return statement's value"),
+        ("return 1 + ", "", "", "not a return statement's value"),
+        ("return ", ", topk_indices_buffer", "", "2 argument(s) naming"),
+        ("return ", "", ".clone()", "not a return statement's value"),
+    ],
+)
+def test_a_call_it_cannot_rewrite_is_refused(statement, more, tail, why):
+    text = "import torch\n\n\nclass Indexer:\n" + CALLER.format(
+        statement=statement, more=more, tail=tail
+    )
+    with pytest.raises(indexerop.Refused, match=re.escape(why)):
+        indexerop.edit(text)
+    good = "import torch\n\n\nclass Indexer:\n" + CALLER.format(
+        statement="return ", more="", tail=""
+    )
+    assert "        return self.topk_indices_buffer\n" in indexerop.edit(good)
+
+
+# -- under torch.compile ------------------------------------------------------
+
+MINIATURE = """\
+import torch
+
+from registering import direct_register_custom_op, LIB
+
+
+def sparse_attn_indexer(
+    hidden_states: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+) -> torch.Tensor:
+    topk_indices_buffer.copy_(hidden_states.argsort(dim=-1).to(torch.int32))
+    return topk_indices_buffer
+
+
+def sparse_attn_indexer_fake(
+    hidden_states: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+) -> torch.Tensor:
+    return topk_indices_buffer
+
+
+direct_register_custom_op(
+    op_name="sparse_attn_indexer",
+    op_func=sparse_attn_indexer,
+    mutates_args=["topk_indices_buffer"],
+    fake_impl=sparse_attn_indexer_fake,
+    target_lib=LIB,
+    dispatch_key="CPU",
+)
+
+
+class Indexer(torch.nn.Module):
+    def __init__(self, buffer):
+        super().__init__()
+        self.topk_indices_buffer = buffer
+
+    def forward(self, hidden_states):
+        return torch.ops.vllm.sparse_attn_indexer(
+            hidden_states,
+            self.topk_indices_buffer,
+        )
+"""
+
+
+def _real_register_function() -> str:
+    """direct_register_custom_op as the pinned 0.33.0 writes it."""
+    path = releases.pristine("0.33.0") / "vllm/utils/torch_utils.py"
+    text = path.read_text()
+    for node in ast.parse(text).body:
+        if (
+            isinstance(node, ast.FunctionDef)
+            and node.name == "direct_register_custom_op"
+        ):
+            return ast.get_source_segment(text, node)
+    raise AssertionError("no direct_register_custom_op in 0.33.0")
+
+
+RUN = """\
+import json, sys, types, warnings
+from collections.abc import Callable
+
+import torch
+from torch.library import Library, infer_schema
+
+registering = types.ModuleType("registering")
+registering.__dict__.update(
+    torch=torch, Library=Library, infer_schema=infer_schema, Callable=Callable,
+    LIB=Library("vllm", "FRAGMENT"),
+)
+exec(sys.argv[1], registering.__dict__)
+sys.modules["registering"] = registering
+miniature = types.ModuleType("miniature")
+exec(sys.argv[2], miniature.__dict__)
+
+schema = str(torch.ops.vllm.sparse_attn_indexer.default._schema)
+x = torch.randn(8, 16)
+said = {"schema": schema}
+for backend in ("eager", "aot_eager", "inductor"):
+    torch._dynamo.reset()
+    buffer = torch.zeros(8, 16, dtype=torch.int32)
+    module = miniature.Indexer(buffer)
+    run = module if backend == "eager" else torch.compile(module, backend=backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run(x)
+    said[backend] = {
+        "out": out.tolist(),
+        "buffer": buffer.tolist(),
+        "out_is_buffer": out.data_ptr() == buffer.data_ptr(),
+        "deprecated": [
+            str(w.message)[:200] for w in caught if "deprecated" in str(w.message)
+        ],
+    }
+print(json.dumps(said))
+"""
+
+
+def _compiled(text: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", RUN, _real_register_function(), text],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_edited_op_returns_nothing_and_compiles_as_eager():
+    """Edited: the schema returns nothing and marks the buffer; eager, aot_eager
+    and Inductor give the same buffer and return the buffer itself, and torch
+    says nothing is deprecated. Negative control, unedited: the schema returns
+    a plain Tensor, and under compile torch warns that the output aliasing an
+    input is deprecated."""
+    edited = indexerop.edit(MINIATURE)
+    assert edited != MINIATURE
+    after = _compiled(edited)
+    assert after["schema"].endswith("-> ()"), after["schema"]
+    assert re.search(r"Tensor\(a\d*!\) topk_indices_buffer\)", after["schema"])
+    eager = after["eager"]
+    assert eager["out_is_buffer"] and any(v for row in eager["buffer"] for v in row)
+    for backend in ("aot_eager", "inductor"):
+        assert after[backend]["buffer"] == eager["buffer"], backend
+        assert after[backend]["out"] == eager["out"], backend
+        assert after[backend]["out_is_buffer"], backend
+    assert not any(after[b]["deprecated"] for b in ("eager", "aot_eager", "inductor"))
+
+    before = _compiled(MINIATURE)
+    assert before["schema"].endswith("-> Tensor"), before["schema"]
+    assert any(before[b]["deprecated"] for b in ("aot_eager", "inductor")), before
