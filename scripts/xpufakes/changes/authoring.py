@@ -237,6 +237,8 @@ def _write_series(variants: list[Variant], date: str | None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         names = []
         for number, recipe in enumerate(recipes.RECIPES[variant.era]):
+            if not variant.diffs[number]:  # the release has none of its files
+                continue
             target = directory / recipe.name
             old = target.read_text() if target.exists() else ""
             old_date = re.search(r"^Last-Update: (\S+)", old, re.M)

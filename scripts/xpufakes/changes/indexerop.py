@@ -187,9 +187,10 @@ def edit(text: str) -> str:
             row = value.lineno - 1
             edits.append((row, value.col_offset, value.end_col_offset, new[value.id]))
         block = (
-            f"# vllm::{OP} writes {BUFFER} (mutates_args) and returns nothing:\n"
-            "# returning the buffer as a plain Tensor would alias an input the\n"
-            "# schema does not declare. Its callers return the buffer.\n"
+            f"# vllm::{OP} writes {BUFFER} (mutates_args) and\n"
+            "# returns nothing: returning the buffer as a plain Tensor would\n"
+            "# alias an input the schema does not declare. Its callers return\n"
+            "# the buffer.\n"
             + _stand_in(new[impl.name], impl.name, params, names)
             + "\n\n"
             + _stand_in(new[fake.name], fake.name, params, names)

@@ -169,6 +169,7 @@ def edited_by_us(sources: dict[str, str]) -> set[str]:
                         path
                         for path, _ in _targets(edit, sources)
                         if _rewrites_opaque_calls(sources[path])
+                        or _changes(edit, sources[path])
                     )
     for patch in paths.PATCHES.glob("*/*.patch"):
         ours.update(_PATCHED_FILE.findall(patch.read_text(errors="replace")))
@@ -178,6 +179,16 @@ def edited_by_us(sources: dict[str, str]) -> set[str]:
 
 # a file a patch of the series changes or adds
 _PATCHED_FILE = re.compile(r"^\+\+\+ b/(\S+)", re.M)
+
+
+def _changes(edit: recipes.Edit, text: str) -> bool:
+    """Whether the edit changes a module, or refuses to."""
+    try:
+        return edit.edit(text) != text
+    except recipes.RecipeRefusal:
+        return True
+    except (recipes.RecipeError, SyntaxError):
+        return False
 
 
 def _rewrites_opaque_calls(text: str, only: frozenset[str] | None = None) -> bool:
@@ -285,6 +296,9 @@ def by_recipe(
                 names = [*names, recipe.name]
     mixed = kernels.is_mixed(base_pin.kernels, sources)
     by_patch, before, faults = run_recipes(found.root, chosen, mixed, sources)
+    # a recipe that changes nothing on this tree (the indexer's, on a tree
+    # without the op) is not one of its patches
+    names = [r.name for r in chosen if r.name in by_patch or r.overlay]
     named = " ".join(faults)
     faults += [  # the tree's Python cannot import them: the proof would fail
         f"{path} is a dangling symlink (to {link})"

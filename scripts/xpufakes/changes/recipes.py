@@ -12,6 +12,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from xpufakes.changes import indexerop
 from xpufakes.common import ops, paths
 from xpufakes.common.ops import XPU_C_GEMMS
 from xpufakes.trees import names, pins, pysource
@@ -46,11 +47,16 @@ class Edit:
     # or for which `anywhere_if` says so), not only to its files.
     anywhere: tuple[str, ...] = ()
     anywhere_if: Callable[[str], bool] | None = None
+    # False: a release may have none of its files (an op some releases lack)
+    required: bool = True
 
     @property
     def files(self) -> list[tuple[str, bool]]:
         """(path, required) of each release file it edits."""
-        return [(self.target, True), *((path, False) for path in self.optional)]
+        return [
+            (self.target, self.required),
+            *((path, False) for path in self.optional),
+        ]
 
 
 @dataclass(frozen=True)
@@ -880,12 +886,38 @@ def with_ops(header: str, names: Sequence[str]) -> str:
     return "\n".join([*lines[:start], *filled, *lines[end:]])
 
 
+def edit_sparse_attn_indexer(text: str) -> str:
+    """vllm::sparse_attn_indexer registered to return nothing, its calls
+    returning the buffer it writes (indexerop.py)."""
+    try:
+        return indexerop.edit(text)
+    except indexerop.Refused as e:
+        raise RecipeRefusal(str(e)) from None
+    except indexerop.Unshaped as e:
+        raise RecipeError(str(e)) from None
+
+
+# every release file that registers or calls vllm::sparse_attn_indexer
+INDEXER_FILES = (
+    "vllm/model_executor/models/deepseek_v2.py",  # 0.11.0-0.14.1
+    "vllm/model_executor/layers/sparse_attn_indexer.py",  # 0.15.0 on
+    "vllm/models/kimi_k3/nvidia/dsa.py",  # 0.34.0
+)
+INDEXER_EDIT = Edit(
+    INDEXER_FILES[0],
+    edit_sparse_attn_indexer,
+    optional=INDEXER_FILES[1:],
+    anywhere_if=indexerop.mentions,
+    required=False,
+)
+
 _HEADERS = tomllib.loads((paths.DATA / "dep3_headers.toml").read_text())
-IPEX_HEADER, WOQ_HEADER, KERNELS_HEADER, OPAQUE_HEADER = (
+IPEX_HEADER, WOQ_HEADER, KERNELS_HEADER, OPAQUE_HEADER, INDEXER_HEADER = (
     _HEADERS["ipex"],
     _HEADERS["woq"],
     with_ops(_HEADERS["kernels"], XPU_C_GEMMS),
     _HEADERS["opaque"],
+    _HEADERS["indexer"],
 )
 COMMON_FIELDS = _HEADERS["common"]
 
@@ -894,7 +926,10 @@ OVERLAY = (FAKES_MODULE, TREE_TEST_REFERENCE, TREE_TEST)
 # what a file that makes an IPEX WOQ module contains (a cheap pre-filter)
 WOQ_SOURCE_TEXT = ("from_weight", "WeightOnlyQuantizedLinear")
 
-# The patches of each era, in series order.
+INDEXER_PATCH = "sparse-attn-indexer-register-the-op-to-return-nothing.patch"
+
+# The patches of each era, in series order. A series holds a patch only where
+# its diff is not empty (the indexer's: the releases that have the op).
 RECIPES: dict[str, tuple[Recipe, ...]] = {
     pins.IPEX: (
         Recipe(
@@ -941,6 +976,12 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
                 "0001 leaves it)",
             ),
         ),
+        Recipe(
+            name=f"0004-{INDEXER_PATCH}",
+            edits=(INDEXER_EDIT,),
+            overlay=(),
+            header=INDEXER_HEADER + COMMON_FIELDS,
+        ),
     ),
     pins.KERNELS: (
         Recipe(
@@ -948,6 +989,12 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
             edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops_and_wrappers),),
             overlay=OVERLAY,
             header=KERNELS_HEADER + COMMON_FIELDS,
+        ),
+        Recipe(
+            name=f"0002-{INDEXER_PATCH}",
+            edits=(INDEXER_EDIT,),
+            overlay=(),
+            header=INDEXER_HEADER + COMMON_FIELDS,
         ),
     ),
 }
@@ -980,7 +1027,7 @@ def edit_lying_kernel_calls(text: str) -> str:
 DOWNSTREAM: dict[str, tuple[Recipe, ...]] = {
     pins.KERNELS: (
         Recipe(
-            name="0002-xpu-run-kernel-calls-as-custom-ops.patch",
+            name="0003-xpu-run-kernel-calls-as-custom-ops.patch",
             edits=(
                 Edit(
                     OPAQUE_MODULE,

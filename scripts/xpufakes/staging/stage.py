@@ -96,6 +96,7 @@ def full_cut(found: tree.Tree, era: str) -> list[Staged]:
     staged = [
         Staged(*prtext.description(recipe.header), {p: merged[p] for p in files})
         for recipe, files in zip(recipes.RECIPES[era], edited, strict=True)
+        if files  # a patch that changes nothing on this tree is not staged
     ]
     ci = root / upstream.INTEL_KERNEL_JOBS
     if era == pins.KERNELS and ci.is_file():
