@@ -9,15 +9,31 @@ the op through the real direct_register_custom_op (its source read from the
 pinned 0.33.0, run as it is), unedited and edited."""
 
 import ast
+import dataclasses
 import re
 
 import pytest
 
 from support import releases
-from xpufakes.changes import indexerop
+from xpufakes.changes import authoring, indexerop, recipes
+from xpufakes.common import paths
+from xpufakes.common.errors import Refusal
+from xpufakes.trees import pins
 
-# the releases whose diffs differ (one of each), the first that has the op
-VARIANTS = ("0.11.0", "0.14.1", "0.15.0", "0.22.0", "0.26.0", "0.33.0", "0.34.0")
+
+def _with_the_patch() -> list[str]:
+    """The first release of each series that carries the indexer's patch
+    (its diffs differ from series to series)."""
+    seen, chosen = set(), []
+    for version, pin in pins.load().releases.items():
+        listing = paths.PATCHES / pin.series / "series"
+        if pin.series not in seen and recipes.INDEXER_PATCH in listing.read_text():
+            seen.add(pin.series)
+            chosen.append(version)
+    return chosen
+
+
+VARIANTS = _with_the_patch()
 
 
 def _sources(version: str) -> dict[str, str]:
@@ -77,6 +93,40 @@ def test_the_edit_on_each_release(version):
         )
         assert indexerop.edit(text) == new  # the same each time
     assert edited
+
+
+def test_every_release_with_the_op_has_the_patch():
+    """Of make test's releases, those whose files register or call the op
+    are exactly those whose series carry the patch (0.10.2 has no op, and
+    no empty patch)."""
+    chosen = releases.representative()
+    having = {v for v in chosen if _sources(v)}
+    carrying = {
+        v
+        for v in chosen
+        if recipes.INDEXER_PATCH
+        in (paths.PATCHES / pins.load().get(v).series / "series").read_text()
+    }
+    assert having == carrying and "0.10.2" not in having and "0.11.0" in having
+
+
+def test_a_file_the_recipe_does_not_name_stops_the_refresh():
+    """make refresh refuses a release with a file the edit changes that the
+    recipe does not name (the series would leave that caller returning
+    None): the newest pin's kimi_k3 indexer stage. Negative control: the
+    recipe as it is passes."""
+    tree = releases.pristine(releases.newest())
+    recipe = next(
+        r for r in recipes.RECIPES["kernels"] if r.name.endswith(recipes.INDEXER_PATCH)
+    )
+    (edit,) = recipe.edits
+    authoring._refuse_missed_files(tree, recipe, edit)
+    stage = "specialized_decode/cutedsl/dsa/indexer_stage.py"
+    short = dataclasses.replace(
+        edit, optional=tuple(p for p in edit.optional if not p.endswith(stage))
+    )
+    with pytest.raises(Refusal, match=re.escape(stage)):
+        authoring._refuse_missed_files(tree, recipe, short)
 
 
 CALLER = """\

@@ -35,7 +35,8 @@ LAYERS = {
     ],
     # changing a tree: recipes, series, diffs, the recipe path, the lock
     "changes": [
-        "unidiff selection lock recipes",
+        "unidiff selection lock indexerop",
+        "recipes",
         "series history",
         "engine kernels export opfacts esimdfacts",
         "base live authoring",

@@ -13,7 +13,7 @@ import tomllib
 import pytest
 
 from support import releases
-from xpufakes.changes import esimdfacts
+from xpufakes.changes import esimdfacts, recipes
 from xpufakes.common import opschema
 from xpufakes.proof import audit
 from xpufakes.proof.static import pathconditions, schematruth
@@ -452,6 +452,27 @@ def test_upstream_sampler_and_the_aliasing_gemm_named_and_placed(upstream):
     again = {o.op for o in schematruth.check(fixed, "0.33.0", parsed).ops}
     assert SAMPLER not in again and "_xpu_C::fp8_gemm_out" in again
     ast.parse(fixed[path])
+
+
+def test_the_series_indexer_patch_leaves_no_lie_of_the_indexer(upstream):
+    """0.33.0 with the series' indexer patch (the recipe's edit of the files
+    that register or call vllm::sparse_attn_indexer): schema truth finds no
+    lie of it, and still finds the others. Negative control: the pristine
+    0.33.0 lists it, of kind (b)."""
+    texts, parsed, truth = upstream
+    found = {o.op: o for o in truth.ops}
+    assert {x.kind for x in found[INDEXER].lies} == {"b"}  # the control
+    fixed = dict(texts)
+    parsed = dict(parsed)
+    for path in recipes.INDEXER_FILES:
+        if path in fixed:
+            edited = recipes.edit_sparse_attn_indexer(fixed[path])
+            assert edited != fixed[path], path
+            fixed[path] = edited
+            parsed.pop(path, None)
+    again = {o.op: o for o in schematruth.check(fixed, "0.33.0", parsed).ops}
+    assert INDEXER not in again
+    assert SAMPLER in again and "_xpu_C::fp8_gemm_out" in again
 
 
 def test_a_known_lie_is_a_warning_and_exactly_as_listed(upstream, monkeypatch):

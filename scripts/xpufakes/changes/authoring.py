@@ -124,8 +124,35 @@ def release_diffs(era: str, tree: Path) -> tuple[tuple[str, ...], dict[str, str]
                     raise Refusal(f"{tree.name}: {target}: {e}") from None
                 diff += unidiff.unified(texts[target], new, target)
                 texts[target] = new
+            _refuse_missed_files(tree, recipe, edit)
         diffs.append(diff)
     return tuple(diffs), hashes
+
+
+def _refuse_missed_files(tree: Path, recipe: recipes.Recipe, edit: recipes.Edit):
+    """An edit that may apply anywhere (`anywhere_if`) must name every file
+    of the release it changes: the series edits only those, and a file it
+    misses would be left as it was (a caller of the indexer op returning
+    None). Read with the pre-filter first, then edited."""
+    if edit.anywhere_if is None:
+        return
+    named = {path for path, _ in edit.files}
+    for path in sorted((tree / "vllm").rglob("*.py")):
+        rel = str(path.relative_to(tree))
+        if rel in named:
+            continue
+        text = path.read_text(errors="surrogateescape")
+        if not edit.anywhere_if(text):
+            continue
+        try:
+            changed = edit.edit(text) != text
+        except recipes.RecipeError:
+            changed = True
+        if changed:
+            raise Refusal(
+                f"{tree.name}: {rel} needs {recipe.name}'s edit, which does "
+                "not name it: add it to the recipe's files"
+            )
 
 
 def _kernels(tree: Path, pin: pins.Pin) -> str:

@@ -902,6 +902,7 @@ INDEXER_FILES = (
     "vllm/model_executor/models/deepseek_v2.py",  # 0.11.0-0.14.1
     "vllm/model_executor/layers/sparse_attn_indexer.py",  # 0.15.0 on
     "vllm/models/kimi_k3/nvidia/dsa.py",  # 0.34.0
+    "vllm/models/kimi_k3/nvidia/specialized_decode/cutedsl/dsa/indexer_stage.py",
 )
 INDEXER_EDIT = Edit(
     INDEXER_FILES[0],
