@@ -2,6 +2,7 @@
 `quilt push -a` and with `git am`, each giving the tree `make apply` gives."""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -112,7 +113,8 @@ def test_export_applies_with_git_am(sample_release, exported, applied, tmp_path)
         text=True,
     ).stdout
     assert log.splitlines()[0] == PACKAGER
-    assert log.splitlines()[1].startswith("[XPU] ")  # --keep-non-patch keeps it
+    # --keep-non-patch keeps the subject's [tag] ([XPU], the indexer's [Bugfix])
+    assert re.match(r"\[(XPU|Bugfix)\] ", log.splitlines()[1]), log
     assert f"Signed-off-by: {PACKAGER}" in log
     assert "Forwarded: " in log and "Origin: " in log
 

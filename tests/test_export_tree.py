@@ -42,8 +42,8 @@ def packaged(tmp_path_factory):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "the proof's Python: " in result.stdout
     # 0001 (the fp8 fake), 0002 (the WOQ module), 0003 (the calls Dynamo
-    # cannot trace): the IPEX era's three
-    assert result.stdout.splitlines()[-1].startswith(f"exported 3 patch(es) to {out}")
+    # cannot trace), 0004 (vllm::sparse_attn_indexer): the IPEX era's four
+    assert result.stdout.splitlines()[-1].startswith(f"exported 4 patch(es) to {out}")
     return tree, checkout, out
 
 

@@ -619,7 +619,8 @@ def _git_show(spec: str) -> bytes:
 def _patch_as_at(commit: str, release: str, root: Path, scratch: Path) -> None:
     """Patch the tree at root as this project's series and overlay for the
     release were at commit."""
-    name = pins.load().get(release).series
+    pinned = tomllib.loads(_git_show(f"{commit}:patches/pins.toml").decode())
+    name = pinned["releases"][release]["series"]  # the series as it was named
     listing = _git_show(f"{commit}:patches/{name}/series").decode().split()
     for entry in listing:
         text = _git_show(f"{commit}:patches/{name}/{entry}")

@@ -92,6 +92,7 @@ def test_the_edit_on_each_release(version):
             )
         )
         assert indexerop.edit(text) == new  # the same each time
+        assert indexerop.edit(new) == new  # and nothing more on its own result
     assert edited
 
 

@@ -135,6 +135,67 @@ def _stand_in(name: str, calls: str, params: list[str], names: list[str]) -> str
     return f"def {name}(\n{head}) -> None:\n    {calls}(\n{args}    )\n"
 
 
+def _edited_already(module: ast.Module, call: ast.Call, parent) -> bool:
+    """A call this edit wrote: a statement of its own, the next statement a
+    return of the argument naming the buffer."""
+    if not (isinstance(parent, ast.Expr) and parent.value is call):
+        return False
+    for node in ast.walk(module):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and parent in body:
+                index = body.index(parent)
+                after = body[index + 1] if index + 1 < len(body) else None
+                return (
+                    isinstance(after, ast.Return)
+                    and after.value is not None
+                    and ast.unparse(after.value) == ast.unparse(_buffer(call))
+                )
+    return False
+
+
+def _registering(
+    module: ast.Module, lines: list[str]
+) -> tuple[list[tuple[int, int, int, str]], tuple[int, str]] | None:
+    """Where the module registers the op: the edits of the registration's
+    op_func= and fake_impl=, and the two functions to insert before it;
+    None where it does not, or registers it to return nothing already."""
+    found = _registration(module)
+    if found is None:
+        return None
+    stmt, call = found
+    named = {k.arg: k.value for k in call.keywords}
+    if not all(isinstance(named.get(k), ast.Name) for k in ("op_func", "fake_impl")):
+        raise Unshaped(f"vllm::{OP} is registered without op_func= and fake_impl=")
+    impl = _function(module, named["op_func"].id)
+    fake = _function(module, named["fake_impl"].id)
+    if impl.returns is not None and ast.unparse(impl.returns) == "None":
+        return None  # registered to return nothing already (by this edit)
+    params = _parameters(lines, impl)
+    names = [a.arg for a in impl.args.args]
+    if [a.arg for a in fake.args.args] != names:
+        raise Refused(f"{fake.name}'s parameters are not {impl.name}'s")
+    taken = {s.name for s in module.body if isinstance(s, ast.FunctionDef)}
+    new = {impl.name: f"{impl.name}_op", fake.name: f"{impl.name}_op_fake"}
+    if taken & set(new.values()):
+        raise Refused(f"{' or '.join(sorted(new.values()))} is taken")
+    edits = [
+        (v.lineno - 1, v.col_offset, v.end_col_offset, new[v.id])
+        for v in (named["op_func"], named["fake_impl"])
+    ]
+    block = (
+        f"# vllm::{OP} writes {BUFFER} (mutates_args) and\n"
+        "# returns nothing: returning the buffer as a plain Tensor would\n"
+        "# alias an input the schema does not declare. Its callers return\n"
+        "# the buffer.\n"
+        + _stand_in(new[impl.name], impl.name, params, names)
+        + "\n\n"
+        + _stand_in(new[fake.name], fake.name, params, names)
+        + "\n\n"
+    )
+    return edits, (stmt.lineno - 1, block)
+
+
 def edit(text: str) -> str:
     """The file with the op registered to return nothing and its calls
     returning the buffer (unchanged if it does neither)."""
@@ -147,6 +208,8 @@ def edit(text: str) -> str:
     inserts: list[tuple[int, str]] = []  # (before row, lines)
 
     for call, parent in _calls(module):
+        if _edited_already(module, call, parent):
+            continue
         if not (isinstance(parent, ast.Return) and parent.value is call):
             raise Refused(
                 f"line {call.lineno}: {CALLEE}(...) is not a return statement's "
@@ -161,43 +224,12 @@ def edit(text: str) -> str:
             raise Unshaped(f"line {parent.lineno}: a return split oddly")
         inserts.append((parent.end_lineno, f"{indent}return {buffer}\n"))
 
-    found = _registration(module)
-    if found is not None:
-        stmt, call = found
-        named = {k.arg: k for k in call.keywords}
-        if not all(
-            isinstance(named.get(k) and named[k].value, ast.Name)
-            for k in ("op_func", "fake_impl")
-        ):
-            raise Unshaped(f"vllm::{OP} is registered without op_func= and fake_impl=")
-        impl = _function(module, named["op_func"].value.id)
-        fake = _function(module, named["fake_impl"].value.id)
-        if impl.name.endswith("_op"):
-            raise Unshaped(f"vllm::{OP} is registered by {impl.name} already")
-        params = _parameters(lines, impl)
-        names = [a.arg for a in impl.args.args]
-        if [a.arg for a in fake.args.args] != names:
-            raise Refused(f"{fake.name}'s parameters are not {impl.name}'s")
-        taken = {s.name for s in module.body if isinstance(s, ast.FunctionDef)}
-        new = {impl.name: f"{impl.name}_op", fake.name: f"{impl.name}_op_fake"}
-        if taken & set(new.values()):
-            raise Refused(f"{' or '.join(sorted(new.values()))} is taken")
-        for key in ("op_func", "fake_impl"):
-            value = named[key].value
-            row = value.lineno - 1
-            edits.append((row, value.col_offset, value.end_col_offset, new[value.id]))
-        block = (
-            f"# vllm::{OP} writes {BUFFER} (mutates_args) and\n"
-            "# returns nothing: returning the buffer as a plain Tensor would\n"
-            "# alias an input the schema does not declare. Its callers return\n"
-            "# the buffer.\n"
-            + _stand_in(new[impl.name], impl.name, params, names)
-            + "\n\n"
-            + _stand_in(new[fake.name], fake.name, params, names)
-            + "\n\n"
-        )
-        inserts.append((stmt.lineno - 1, block))
-    elif not edits:
+    registered = _registering(module, lines)
+    if registered is not None:
+        more, block = registered
+        edits += more
+        inserts.append(block)
+    if not edits and not inserts:
         return text
 
     for row, start, end, new_text in sorted(edits, reverse=True):

@@ -296,9 +296,10 @@ def by_recipe(
                 names = [*names, recipe.name]
     mixed = kernels.is_mixed(base_pin.kernels, sources)
     by_patch, before, faults = run_recipes(found.root, chosen, mixed, sources)
-    # a recipe that changes nothing on this tree (the indexer's, on a tree
-    # without the op) is not one of its patches
-    names = [r.name for r in chosen if r.name in by_patch or r.overlay]
+    # an optional recipe that changes nothing on this tree (the indexer's, on
+    # a tree without the op) is not one of its patches
+    chosen = [r for r in chosen if r.name in by_patch or not r.optional]
+    names = [r.name for r in chosen]
     named = " ".join(faults)
     faults += [  # the tree's Python cannot import them: the proof would fail
         f"{path} is a dangling symlink (to {link})"
@@ -433,6 +434,29 @@ def refuse_unless_applied(found: Tree, state: RecipeState) -> None:
             f"place; run `make revert VLLM={found.root}`, then apply again; "
             "nothing changed"
         )
+
+
+def changing(found: Tree, names: list[str], era: str) -> list[str]:
+    """Of the recipes named, those that would change the tree as it is: an
+    optional recipe only where one of its edits changes a file (or refuses
+    to); the others always."""
+    sources: dict[str, str] | None = None
+    kept = []
+    for recipe in recipes.RECIPES[era]:
+        if recipe.name not in names:
+            continue
+        if not recipe.optional:
+            kept.append(recipe.name)
+            continue
+        sources = sources if sources is not None else tree.python_sources(found.root)
+        if any(
+            _changes(edit, sources[path])
+            for edit in recipe.edits
+            for path, _ in _targets(edit, sources)
+            if path in sources
+        ):
+            kept.append(recipe.name)
+    return kept
 
 
 def recipe_names(state: RecipeState) -> list[str]:

@@ -70,6 +70,12 @@ class Recipe:
     # calls the _xpu_C GEMMs): register those fakes too
     mixed_edits: tuple[Edit, ...] = ()
 
+    @property
+    def optional(self) -> bool:
+        """A patch only of the trees it changes (every file of it optional:
+        the indexer's, for the releases that have the op)."""
+        return not any(e.required for e in self.edits)
+
 
 def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
@@ -901,7 +907,8 @@ def edit_sparse_attn_indexer(text: str) -> str:
 INDEXER_FILES = (
     "vllm/model_executor/models/deepseek_v2.py",  # 0.11.0-0.14.1
     "vllm/model_executor/layers/sparse_attn_indexer.py",  # 0.15.0 on
-    "vllm/models/kimi_k3/nvidia/dsa.py",  # 0.34.0
+    # Kimi K3's NVIDIA path (releases after 0.33.0)
+    "vllm/models/kimi_k3/nvidia/dsa.py",
     "vllm/models/kimi_k3/nvidia/specialized_decode/cutedsl/dsa/indexer_stage.py",
 )
 INDEXER_EDIT = Edit(

@@ -82,11 +82,14 @@ def full_cut(found: tree.Tree, era: str) -> list[Staged]:
     upstream cut of the overlay files."""
     root = found.root
     target = upstream.target_of(root, era)
-    by_patch, _, faults = live.run_recipes(root, list(recipes.RECIPES[era]))
+    # the indexer's patch is not staged here: it is not the XPU fakes' PR
+    # (vLLM's op of every platform), and has no validation of its own in stage
+    chosen = [r for r in recipes.RECIPES[era] if not r.optional]
+    by_patch, _, faults = live.run_recipes(root, chosen)
     if faults:
         raise Refusal("; ".join(faults))
     edited: list[dict[str, str]] = []
-    for recipe in recipes.RECIPES[era]:
+    for recipe in chosen:
         files = dict(by_patch.get(recipe.name, {}))
         for rel in recipe.overlay:
             if found.receives(rel):
@@ -95,8 +98,7 @@ def full_cut(found: tree.Tree, era: str) -> list[Staged]:
     merged = upstream.cut({k: v for files in edited for k, v in files.items()}, target)
     staged = [
         Staged(*prtext.description(recipe.header), {p: merged[p] for p in files})
-        for recipe, files in zip(recipes.RECIPES[era], edited, strict=True)
-        if files  # a patch that changes nothing on this tree is not staged
+        for recipe, files in zip(chosen, edited, strict=True)
     ]
     ci = root / upstream.INTEL_KERNEL_JOBS
     if era == pins.KERNELS and ci.is_file():
@@ -114,7 +116,8 @@ def full_cut(found: tree.Tree, era: str) -> list[Staged]:
 def in_place_cut(root: Path) -> inplace.Cut:
     """The in-place cut of a kernels-era tree; the recipes must take the
     tree (their anchors are the ones the series needs)."""
-    _, _, faults = live.run_recipes(root, list(recipes.RECIPES[pins.KERNELS]))
+    chosen = [r for r in recipes.RECIPES[pins.KERNELS] if not r.optional]
+    _, _, faults = live.run_recipes(root, chosen)
     if faults:
         raise Refusal("; ".join(faults))
     if (root / recipes.TREE_TEST).exists():

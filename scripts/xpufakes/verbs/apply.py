@@ -189,6 +189,8 @@ def on_recipe_state(
     live.refuse_unless_applied(found, state)
     wanted = selection.select(live.recipe_names(state), patches, "the recipes")
     missing = [n for n in wanted if n not in state.patches]
+    if missing and not patches:  # a recipe that changes nothing here is not missing
+        missing = live.changing(found, missing, state.pin.era)
     if missing:
         raise Refusal(
             f"{', '.join(state.patches)} applied by recipe; to add "
