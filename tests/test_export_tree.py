@@ -81,6 +81,7 @@ def test_the_exported_series_applies_with_patch_and_gives_apply_s_tree(
         "0001-xpu-register-fakes-for-ipex-gemms.patch",
         "0002-xpu-run-ipex-woq-linear-as-one-opaque-op.patch",
         "0003-xpu-run-untraceable-kernel-calls-as-custom-ops.patch",
+        "0004-sparse-attn-indexer-register-the-op-to-return-nothing.patch",
     ]
     texts = [(out / name).read_text() for name in names]
     assert all(
@@ -107,8 +108,9 @@ def test_the_exported_series_applies_with_git_am(packaged, tmp_path):
     names = (out / "series").read_text().split()
     done = _git(checkout, "am", "--keep-non-patch", *[str(out / n) for n in names])
     assert done.returncode == 0, done.stdout + done.stderr
-    log = _git(checkout, "log", "--format=%s", "-3").stdout.splitlines()
+    log = _git(checkout, "log", "--format=%s", "-4").stdout.splitlines()
     assert log == [
+        "[Bugfix] Register vllm::sparse_attn_indexer to return nothing",
         "[XPU] Run the kernel calls torch.compile cannot trace as custom ops",
         "[XPU] Run IPEX's weight-only-quantized linear as one opaque op",
         "[XPU] Register fake kernels for the IPEX quantized GEMMs",

@@ -74,15 +74,18 @@ class TreeState:
             o.status == FOREIGN for o in self.overlay
         ):
             return MODIFIED
+        older = any(o.status == OLDER for o in self.overlay) or any(
+            f.status == PATCHED_OLDER for f in self.files
+        )
         # None (partly applied) is neither applied nor not applied
         if all(applied is True for applied in self.applied.values()):
-            if any(o.status == OLDER for o in self.overlay) or any(
-                f.status == PATCHED_OLDER for f in self.files
-            ):
-                return OUTDATED
-            return PATCHED
+            return OUTDATED if older else PATCHED
         if all(applied is False for applied in self.applied.values()):
             return PRISTINE
+        if older and None not in self.applied.values():
+            # an earlier version's series, whose patches are applied, lacked
+            # the others (a patch added since): apply upgrades to the whole
+            return OUTDATED
         return PARTIAL
 
 
