@@ -56,6 +56,26 @@ def test_in_tree_test_passes_on_a_patched_release(version, tmp_path):
         expected.add("tests/kernels/quantization/test_ipex_woq_linear.py")
         expected.add("tests/kernels/test_xpu_opaque_calls.py")
     assert files == expected
+    # the indexer patch's test (any platform: the registered schema)
+    assert f"PASSED {INDEXER_TEST}::{INDEXER_CASE}" in result.stdout
+
+
+INDEXER_TEST = "tests/kernels/test_sparse_attn_indexer_op.py"
+INDEXER_CASE = "test_sparse_attn_indexer_declares_its_write_and_returns_nothing"
+
+
+def test_the_indexer_in_tree_test_fails_on_the_unpatched_op(tmp_path):
+    """Negative control of the indexer patch's in-tree test: the patched tree
+    with the release's own sparse_attn_indexer.py put back (the op returns
+    its buffer as a plain Tensor) fails it."""
+    tree = releases.copy_of(RELEASE, tmp_path / "vllm-src")
+    releases.apply(tree)
+    module = "vllm/model_executor/layers/sparse_attn_indexer.py"
+    (tree / module).write_bytes((releases.pristine(RELEASE) / module).read_bytes())
+    result = _make_test_tree(tree, f"-rA -k {INDEXER_CASE}")
+    assert result.returncode != 0
+    assert f"FAILED {INDEXER_TEST}::{INDEXER_CASE}" in result.stdout, result.stdout
+    assert "assert not schema.returns" in result.stdout
 
 
 def test_in_tree_test_fails_with_a_wrong_fake(tmp_path):

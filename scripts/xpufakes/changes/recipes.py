@@ -24,6 +24,7 @@ WOQ_MODULE = "vllm/_ipex_woq_linear.py"
 WOQ_TREE_TEST = "tests/kernels/quantization/test_ipex_woq_linear.py"
 OPAQUE_MODULE = "vllm/_xpu_opaque_calls.py"
 OPAQUE_TREE_TEST = "tests/kernels/test_xpu_opaque_calls.py"
+INDEXER_TREE_TEST = "tests/kernels/test_sparse_attn_indexer_op.py"
 # the modules we add to vllm/ (never a recipe's target)
 OUR_MODULES = frozenset({FAKES_MODULE, WOQ_MODULE, OPAQUE_MODULE})
 
@@ -987,7 +988,7 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
         Recipe(
             name=f"0004-{INDEXER_PATCH}",
             edits=(INDEXER_EDIT,),
-            overlay=(),
+            overlay=(INDEXER_TREE_TEST,),
             header=INDEXER_HEADER + COMMON_FIELDS,
         ),
     ),
@@ -1001,7 +1002,7 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
         Recipe(
             name=f"0002-{INDEXER_PATCH}",
             edits=(INDEXER_EDIT,),
-            overlay=(),
+            overlay=(INDEXER_TREE_TEST,),
             header=INDEXER_HEADER + COMMON_FIELDS,
         ),
     ),
