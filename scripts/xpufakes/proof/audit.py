@@ -220,7 +220,7 @@ class Result:
             said += self.truth.warnings
             said += [
                 f"{o.op}: its schema lies on the traced path, compiled may differ "
-                f"from eager (known, not fixed yet: {o.known})"
+                f"from eager (known, {o.known_fix}: {o.known})"
                 for o in self.truth.known
             ]
         if self.plugin is not None:

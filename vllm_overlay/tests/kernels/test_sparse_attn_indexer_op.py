@@ -13,6 +13,7 @@ Run: pytest tests/kernels/test_sparse_attn_indexer_op.py
 """
 
 import importlib
+import importlib.util
 
 import torch
 

@@ -142,6 +142,15 @@ class OpTruth:
         return entry["why"]
 
     @property
+    def known_fix(self) -> str:
+        """What fixes a listed lie elsewhere (data/known_lies.toml `fixed`:
+        the series, not the plugin), or "not fixed yet"."""
+        entry = known_lies().get(self.op) if self.known else None
+        if entry and entry.get("fixed"):
+            return f"fixed by {entry['fixed']}, not applied to this tree"
+        return "not fixed yet"
+
+    @property
     def failing(self) -> bool:
         return self.traced and not self.known
 
@@ -766,7 +775,7 @@ def lines(truth: Truth) -> list[str]:
         elif o.traced:
             verdict = (
                 "WARN: its schema lies, and a traced call reaches it; known, "
-                "not fixed yet (data/known_lies.toml)"
+                f"{o.known_fix} (data/known_lies.toml)"
             )
         elif o.fixed_on_path:
             verdict = (
