@@ -72,6 +72,21 @@ def _registration(module: ast.Module) -> tuple[ast.stmt, ast.Call] | None:
     return None
 
 
+def implementation(text: str) -> str | None:
+    """The name of the function a module registers as the op's
+    implementation (op_func=), None where the module registers no op."""
+    if not mentions(text):
+        return None
+    found = _registration(ast.parse(text))
+    if found is None:
+        return None
+    named = {k.arg: k.value for k in found[1].keywords}
+    func = named.get("op_func")
+    if not isinstance(func, ast.Name):
+        return None
+    return func.id
+
+
 def _calls(module: ast.Module) -> list[tuple[ast.Call, ast.AST | None]]:
     """Each call of the op, with its parent node."""
     parents: dict[int, ast.AST] = {}
