@@ -90,8 +90,8 @@ export:  ## write a plain series (git format-patch, quilt) to OUT=dir [PIN=versi
 	@$(if $(AUTHOR),AUTHOR="$(AUTHOR)") $(TOOL) export "$(OUT)" $(if $(PIN),--pin "$(PIN)") \
 		$${XPUFAKES_VLLM:+--vllm "$$XPUFAKES_VLLM"}
 
-stage: need-vllm venv-tree  ## the fix in place as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name] [FULL=1])
-	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)") $(if $(FULL),--full)
+stage: need-vllm venv-tree  ## the fix in place as a branch of a vLLM checkout, checked and validated (VLLM=path [BRANCH=name] [FULL=1] [PR=indexer])
+	@$(TOOL) stage "$$XPUFAKES_VLLM" --python "$(abspath $(TREE_VENV))/bin/python" $(if $(BRANCH),--branch "$(BRANCH)") $(if $(FULL),--full) $(if $(PR),--pr "$(PR)")
 
 verify-xpu:  ## on an XPU host: opcheck every registered fake against the real kernels
 	@$(TOOL) verify-xpu $(if $(XPUFAKES_VLLM),--vllm "$$XPUFAKES_VLLM") $(ARGS)

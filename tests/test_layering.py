@@ -64,7 +64,7 @@ LAYERS = {
         "cli",
     ],
     "proof": [
-        "plugin proofpython",
+        "plugin proofpython indexercompile",
         "verify audit schemacontracts",
         "prove testcases",
     ],
@@ -73,6 +73,7 @@ LAYERS = {
         "intree treechecks upstream",
         "prtext",
         "inplace",
+        "indexerpr",
         "stage",
     ],
     # the verbs: plan -> prove -> commit -> report, one module per verb

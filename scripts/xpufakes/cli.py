@@ -94,6 +94,7 @@ def cmd_stage(args) -> int:
         args.python,
         shlex.split(args.test_args or ""),
         full=args.full,
+        pr=args.pr,
     )
     print("the tree's own checks on the staged files:")
     print(treechecks.report(results))
@@ -229,7 +230,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     options = [(name, {}) for name in ("--branch", "--python", "--test-args")]
     full = ("--full", "the whole overlay, not the fix in place")
-    verb("stage", cmd_stage, "the fix as a branch of a checkout", vllm, *options, full)
+    pr = (
+        "--pr",
+        {
+            "default": "xpu-fakes",
+            "help": "which pull request: xpu-fakes (default), or indexer "
+            "(vllm::sparse_attn_indexer registered to return nothing)",
+        },
+    )
+    verb(
+        "stage",
+        cmd_stage,
+        "the fix as a branch of a checkout",
+        vllm,
+        *options,
+        full,
+        pr,
+    )
     quick, json_out = ("--quick", "a subset of cases"), ("--json-out", {})
     plugin = (
         "--plugin",

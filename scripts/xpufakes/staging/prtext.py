@@ -102,7 +102,7 @@ MODEL_WHAT = (
 )
 
 
-def _result_of(python: str, module_args: list[str], failed: str):
+def result_of(python: str, module_args: list[str], failed: str):
     """The JSON result of `python -m <module_args> --json-out <file>`, or a
     refusal: `failed` and the last line it said."""
     with tempfile.TemporaryDirectory() as work:
@@ -125,7 +125,7 @@ def _grid(
     """The opcheck grid of the tree's fakes (of `ops` only, if given), and
     the ops of the grid left out."""
     args = ["xpufakes", "verify-xpu", "--vllm", str(tree), "--standins", standins]
-    found = _result_of(
+    found = result_of(
         python, [*args, "--quick"], f"the opcheck grid did not run on {tree.name}"
     )
     left_out = [op["op"] for op in found if ops is not None and op["op"] not in ops]
@@ -155,7 +155,7 @@ def _test_cases(tree: Path, test: Path, standins: str, python: str) -> Run:
     """The in-place cut's in-tree test, its cases run with the tree's fakes
     against the stand-ins (testcases.py)."""
     args = ["xpufakes.proof.testcases", str(tree), str(test), "--standins", standins]
-    results = _result_of(
+    results = result_of(
         python, args, f"the new test's cases did not run on {tree.name}"
     )
     failed = {case: why for case, why in results.items() if why}
@@ -268,7 +268,7 @@ def _all_of(result: str) -> str:
     return f"{match.group(2)} of {match.group(2)}" if match else result
 
 
-def _checks_line(results: list[treechecks.Result]) -> str:
+def checks_line(results: list[treechecks.Result]) -> str:
     ran = [r.hook for r in results if r.status == treechecks.PASSED]
     skipped = [
         f"{r.hook} ({r.output})" for r in results if r.status == treechecks.SKIPPED
@@ -330,7 +330,7 @@ def _validation(evidence: Evidence, results: list[treechecks.Result]) -> list[st
         *unchecked,
         *model,
         "",
-        wrap(_checks_line(results)),
+        wrap(checks_line(results)),
     ]
 
 
@@ -412,7 +412,7 @@ def pull_request(
                 if evidence.model_after is not None
                 else []
             ),
-            "- " + _checks_line(results),
+            "- " + checks_line(results),
         ],
         "details": [
             "\n\n".join(
@@ -424,6 +424,13 @@ def pull_request(
             *files,
         ],
     }
+    return fill(template, content)
+
+
+def fill(template: str | None, content: dict[str, list[str]]) -> str:
+    """The PR template with each section's lines: `content` by kind
+    (overview, claims, validation, results, details); where the template
+    has no details section, claims and details go under the overview."""
     if template is None:
         head, sections, tail = "", [(h, "") for h in DEFAULT_HEADINGS], ""
     else:
@@ -433,7 +440,14 @@ def pull_request(
     out = [*kept]
     kinds = [_kind(title) for title, _ in sections]
     if "details" not in kinds and "overview" in kinds:
-        content["overview"] += ["", *content["claims"], "", *content["details"]]
+        content = dict(content)
+        content["overview"] = [
+            *content["overview"],
+            "",
+            *content["claims"],
+            "",
+            *content["details"],
+        ]
     for title, kind in zip([s[0] for s in sections], kinds, strict=True):
         out += [f"## {title}", "", *content[kind], ""]
     text = "\n".join(out) + ("\n" + tail if tail else "")

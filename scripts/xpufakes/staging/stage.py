@@ -14,6 +14,10 @@ and the anchor). Two cuts of the one source (vllm_overlay/, the recipes):
   recipes' patches with the overlay files as their upstream cut
   (upstream.py), CPU reference kernels included.
 
+`pr="indexer"` (`make stage PR=indexer`) cuts another pull request, of any
+era: vllm::sparse_attn_indexer registered to return nothing, with its
+in-tree test and its own validation (indexerpr.py).
+
 Then, in a temporary `git worktree` (the user's working tree and branch are
 not touched):
 
@@ -42,7 +46,7 @@ from pathlib import Path
 from xpufakes.changes import live, lock, recipes, series
 from xpufakes.common import children, transaction
 from xpufakes.common.errors import Refusal
-from xpufakes.staging import inplace, prtext, treechecks, upstream
+from xpufakes.staging import indexerpr, inplace, prtext, treechecks, upstream
 from xpufakes.trees import pins, tree
 
 
@@ -143,23 +147,34 @@ def _python_for_tests(python: str | None) -> str:
     return candidate
 
 
+# the pull requests stage cuts (make stage PR=...): the XPU fakes', the default
+XPU_FAKES = "xpu-fakes"
+PULL_REQUESTS = (XPU_FAKES, indexerpr.NAME)
+
+
 def stage(
     path: str,
     branch: str | None = None,
     python: str | None = None,
     test_args: list[str] | None = None,
     full: bool = False,
+    pr: str = XPU_FAKES,
 ) -> tuple[str, list[str], str, list[treechecks.Result]]:
     """(branch, commit ids, PR text, check results). `test_args`: extra
     pytest arguments for the full cut's in-tree tests (shown in the PR
-    text). Signals are held throughout; one that arrives stops staging
-    (transaction.Interrupted) with nothing left behind."""
+    text); `pr`: which pull request (PULL_REQUESTS). Signals are held
+    throughout; one that arrives stops staging (transaction.Interrupted)
+    with nothing left behind."""
+    if pr not in PULL_REQUESTS:
+        raise Refusal(f"no pull request {pr!r}; stage cuts {', '.join(PULL_REQUESTS)}")
+    if full and pr != XPU_FAKES:
+        raise Refusal(f"FULL=1 is a cut of the {XPU_FAKES} pull request, not of {pr}")
     root = tree.locate(path).root
     with lock.tree_lock(root), transaction.held_signals() as pending:
-        return _stage(path, branch, python, test_args or [], full, pending)
+        return _stage(path, branch, python, test_args or [], full, pr, pending)
 
 
-def _stage(path, branch, python, test_args, full, pending):
+def _stage(path, branch, python, test_args, full, pr, pending):
     found = tree.locate(path)
     if found.shape != tree.CHECKOUT:
         raise Refusal(f"{found.root} is not a git checkout")
@@ -170,14 +185,21 @@ def _stage(path, branch, python, test_args, full, pending):
     email = _git(root, "config", "user.email", check=False)
     if not name or not email:
         raise Refusal("git user.name and user.email are not set in that checkout")
-    era = era_of_tree(root)
+    indexer = pr == indexerpr.NAME
+    era = None if indexer else era_of_tree(root)
     described = _git(root, "describe", "--tags", "--always", "HEAD").removeprefix("v")
-    branch = branch or f"xpu-gemm-fakes-{described}"
+    prefix = indexerpr.BRANCH if indexer else "xpu-gemm-fakes"
+    branch = branch or f"{prefix}-{described}"
     if _git(root, "branch", "--list", branch):
         raise Refusal(f"branch {branch} already exists in {root}")
-    in_place = era == pins.KERNELS and not full
-    cut = in_place_cut(root) if in_place else None
-    staged = cut.commits if cut else full_cut(found, era)
+    cut = site = None
+    if indexer:
+        staged, site = indexerpr.cut(root)
+    elif era == pins.KERNELS and not full:
+        cut = in_place_cut(root)
+        staged = cut.commits
+    else:
+        staged = full_cut(found, era)
     test_python = _python_for_tests(python)
     transaction.stop_if(pending)
 
@@ -209,16 +231,21 @@ def _stage(path, branch, python, test_args, full, pending):
                 "the tree's own checks fail on the staged files: "
                 + ", ".join(r.hook for r in failed)
             )
-        evidence = prtext.validate(
-            before, after, era, root, test_python, test_args, cut
-        )
+        if indexer:
+            evidence = indexerpr.validate(before, after, site, test_python)
+            message_of = indexerpr.commit_message
+        else:
+            evidence = prtext.validate(
+                before, after, era, root, test_python, test_args, cut
+            )
+            message_of = prtext.commit_message
         added = _added_lines(after)
         _git(after, "reset", "-q")
         commits = []
         for s in staged:
             for rel, text in s.files.items():  # each commit's own version
                 (after / rel).write_text(text)
-            message = prtext.commit_message(s.subject, s.body, evidence, results)
+            message = message_of(s.subject, s.body, evidence, results)
             _git(after, "add", "--", *s.files)
             done = children.run(
                 ["git", "-C", str(after), "commit", "-q", "-s", "-F", "-"],
@@ -229,16 +256,22 @@ def _stage(path, branch, python, test_args, full, pending):
             if done.returncode != 0:
                 raise Refusal(f"git commit: {done.stderr.strip()}")
             commits.append(_git(after, "rev-parse", "HEAD"))
-        template = root / ".github" / "PULL_REQUEST_TEMPLATE.md"
-        text = prtext.pull_request(
-            template.read_text() if template.is_file() else None,
-            [(s.subject, s.body) for s in staged],
-            evidence,
-            results,
-            added,
-            described,
-            cut,
-        )
+        template_file = root / ".github" / "PULL_REQUEST_TEMPLATE.md"
+        template = template_file.read_text() if template_file.is_file() else None
+        if indexer:
+            text = indexerpr.pull_request(
+                template, staged, evidence, results, added, described
+            )
+        else:
+            text = prtext.pull_request(
+                template,
+                [(s.subject, s.body) for s in staged],
+                evidence,
+                results,
+                added,
+                described,
+                cut,
+            )
         transaction.stop_if(pending)
     except BaseException:
         _remove(root, made, work)
