@@ -454,19 +454,22 @@ def test_the_in_place_test_skips_off_xpu_and_defines_no_op(in_place):
     assert re.search(r"\b60 skipped\b", done.stdout), done.stdout[-500:]
 
 
-def test_make_stage_full_passes_the_flag():
+@pytest.mark.parametrize(
+    ("variable", "option"), [("FULL=1", " --full"), ("PR=indexer", ' --pr "indexer"')]
+)
+def test_make_stage_passes_its_options(variable, option):
     done = subprocess.run(
-        ["make", "-n", "-C", str(paths.REPO), "stage", "VLLM=/x", "FULL=1"],
+        ["make", "-n", "-C", str(paths.REPO), "stage", "VLLM=/x", variable],
         capture_output=True,
         text=True,
     )
-    assert " --full" in done.stdout, done.stdout
+    assert option in done.stdout, done.stdout
     default = subprocess.run(
         ["make", "-n", "-C", str(paths.REPO), "stage", "VLLM=/x"],
         capture_output=True,
         text=True,
     )
-    assert "--full" not in default.stdout
+    assert option.split()[0] not in default.stdout
 
 
 # ---------------------------------------------------------------------------

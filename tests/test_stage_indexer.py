@@ -20,7 +20,7 @@ from test_tool import _checkout_like
 
 from support import releases, tool
 from xpufakes.changes import indexerop, opfacts
-from xpufakes.common import isolated, paths
+from xpufakes.common import isolated
 from xpufakes.staging import indexerpr
 
 RELEASE = opfacts.DOC_RELEASE
@@ -212,21 +212,6 @@ def test_what_stage_cannot_cut_is_refused(clone, extra, said):
     result = tool.run("stage", str(clone), *extra)
     assert result.returncode == 1 and said in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-
-
-def test_make_stage_passes_the_pull_request():
-    done = subprocess.run(
-        ["make", "-n", "-C", str(paths.REPO), "stage", "VLLM=/x", "PR=indexer"],
-        capture_output=True,
-        text=True,
-    )
-    assert '--pr "indexer"' in done.stdout, done.stdout
-    default = subprocess.run(
-        ["make", "-n", "-C", str(paths.REPO), "stage", "VLLM=/x"],
-        capture_output=True,
-        text=True,
-    )
-    assert "--pr" not in default.stdout
 
 
 def test_the_stand_in_replaces_only_the_innermost_body():
