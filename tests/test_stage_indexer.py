@@ -186,6 +186,16 @@ def test_a_checkout_whose_op_returns_nothing_has_nothing_to_stage(clone):
     assert indexerpr.BRANCH not in _git(clone, "branch")
 
 
+def test_a_checkout_without_the_op_has_nothing_to_stage(clone):
+    for path in _files_with_the_op(clone):
+        (clone / path).unlink()
+    subprocess.run(["git", "commit", "-qam", "gone"], cwd=clone, env=tool.git_env("t"))
+    result = tool.run("stage", str(clone), "--pr", "indexer")
+    assert result.returncode == 1
+    assert "registers vllm::sparse_attn_indexer; nothing to stage" in result.stderr
+    assert indexerpr.BRANCH not in _git(clone, "branch")
+
+
 def test_a_call_it_cannot_rewrite_is_refused_with_its_file(clone):
     module = clone / MODULE
     text = module.read_text()
