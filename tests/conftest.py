@@ -93,6 +93,7 @@ def pytest_generate_tests(metafunc):
 # run; docs/testing.md). A module not listed comes after them, in file order.
 SLOWEST_FIRST = (
     "test_stage.py",
+    "test_stage_indexer.py",
     "test_tree_test.py",
     "test_trees.py",
     "test_model_catalog.py",
