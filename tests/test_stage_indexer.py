@@ -176,24 +176,27 @@ def clone(checkout, tmp_path):
     return _clone(checkout, tmp_path / "vllm")
 
 
+def _refused(clone: Path) -> str:
+    """Stage PR=indexer on the clone with its change committed: refused
+    (exit 1, no branch); what it said."""
+    subprocess.run(["git", "commit", "-qam", "moved"], cwd=clone, env=tool.git_env("t"))
+    result = tool.run("stage", str(clone), "--pr", "indexer")
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert indexerpr.BRANCH not in _git(clone, "branch")
+    return result.stderr
+
+
 def test_a_checkout_whose_op_returns_nothing_has_nothing_to_stage(clone):
     module = clone / MODULE
     module.write_text(indexerop.edit(module.read_text()))
-    subprocess.run(["git", "commit", "-qam", "fixed"], cwd=clone, env=tool.git_env("t"))
-    result = tool.run("stage", str(clone), "--pr", "indexer")
-    assert result.returncode == 1
-    assert "to return nothing already; nothing to stage" in result.stderr
-    assert indexerpr.BRANCH not in _git(clone, "branch")
+    assert "to return nothing already; nothing to stage" in _refused(clone)
 
 
 def test_a_checkout_without_the_op_has_nothing_to_stage(clone):
     for path in _files_with_the_op(clone):
         (clone / path).unlink()
-    subprocess.run(["git", "commit", "-qam", "gone"], cwd=clone, env=tool.git_env("t"))
-    result = tool.run("stage", str(clone), "--pr", "indexer")
-    assert result.returncode == 1
-    assert "registers vllm::sparse_attn_indexer; nothing to stage" in result.stderr
-    assert indexerpr.BRANCH not in _git(clone, "branch")
+    said = _refused(clone)
+    assert "registers vllm::sparse_attn_indexer; nothing to stage" in said
 
 
 def test_a_call_it_cannot_rewrite_is_refused_with_its_file(clone):
@@ -204,11 +207,8 @@ def test_a_call_it_cannot_rewrite_is_refused_with_its_file(clone):
     module.write_text(
         text.replace(call, "out = torch.ops.vllm.sparse_attn_indexer(", 1)
     )
-    subprocess.run(["git", "commit", "-qam", "odd"], cwd=clone, env=tool.git_env("t"))
-    result = tool.run("stage", str(clone), "--pr", "indexer")
-    assert result.returncode == 1
-    assert MODULE in result.stderr and "not a return statement's value" in result.stderr
-    assert indexerpr.BRANCH not in _git(clone, "branch")
+    said = _refused(clone)
+    assert MODULE in said and "not a return statement's value" in said
 
 
 @pytest.mark.parametrize(
