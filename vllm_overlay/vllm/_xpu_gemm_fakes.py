@@ -24,11 +24,14 @@ Each fake mirrors the kernel's input checks (same messages) so that bad input
 fails at trace time, and it works with symbolic sizes.
 
 Each fake names its op's schema in its decorator, as PyTorch's and vLLM's
-fakes name their op; registration is schema-checked: a fake is registered
-only if the live op has exactly the schema the fake was written for. On a
-mismatch a warning is logged and the op is left alone (a wrong fake is
-worse than none). Ops that do not exist are skipped. Nothing here raises at
-import or registration time, and registering twice is a no-op.
+fakes name their op, and the schemas of downstream kernel builds it is exact
+for too (``also=``, each with the kernel's source cited); registration is
+schema-checked: a fake is registered only if the live op has exactly one of
+those schemas. On a mismatch a warning is logged and the op is left alone:
+the fake a vLLM tree registered for it, if any, stays (a wrong fake is worse
+than none, and a tree's fake for a schema we do not know is the tree's to
+keep). Ops that do not exist are skipped. Nothing here raises at import or
+registration time, and registering twice is a no-op.
 
 This module imports only torch, packaging and the standard library.
 """
@@ -64,19 +67,35 @@ class FakeSpec(NamedTuple):
 XPU_GEMM_FAKES: dict[str, FakeSpec] = {}
 # The same for the torch_ipex ops, registered by register_ipex_gemm_fakes().
 IPEX_GEMM_FAKES: dict[str, FakeSpec] = {}
+# op overload -> the other schemas its fake is exact for: a downstream build
+# of the kernels that extends the op (a trailing argument with a default),
+# entered by the decorator's ``also=``.
+SCHEMA_VARIANTS: dict[str, tuple[str, ...]] = {}
 
 _Fake = Callable[..., torch.Tensor]
 
 
-def _fake_of(table: dict[str, FakeSpec], schema: str) -> Callable[[_Fake], _Fake]:
+def _fake_of(
+    table: dict[str, FakeSpec], schema: str, also: tuple[str, ...] = ()
+) -> Callable[[_Fake], _Fake]:
     """Enter the decorated function in ``table`` as the fake of the op that
-    ``schema`` (as torch prints it) declares."""
+    ``schema`` (as torch prints it) declares; ``also``: other schemas of the
+    same op (downstream kernel builds) the fake is exact for."""
 
     def enter(fake: _Fake) -> _Fake:
-        table[schema.partition("(")[0]] = FakeSpec(schema, fake)
+        qualname = schema.partition("(")[0]
+        table[qualname] = FakeSpec(schema, fake)
+        if also:
+            SCHEMA_VARIANTS[qualname] = also
         return fake
 
     return enter
+
+
+def exact_for(qualname: str, schema: str, live: str) -> bool:
+    """Whether the fake written for ``schema`` is exact for an op whose live
+    schema is ``live``: that schema, or one of its known variants."""
+    return live == schema or live in SCHEMA_VARIANTS.get(qualname, ())
 
 
 def _c10(dtype: torch.dtype) -> str:
@@ -329,12 +348,23 @@ def fp8_bmm_fake(
     XPU_GEMM_FAKES,
     "_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
     "Tensor? bias_) -> Tensor",
+    # intel/llm-scaler's build of the kernels (vllm_xpu_kernels.patch, image
+    # 0.21.0-b3.1, llm-scaler 25095b4): block-scaled W8A16, a 2-D grid of
+    # weight scales (csrc/xpu/torch_bindings.cpp, onednn_matmul.cpp
+    # fp8_gemm_w8a16); the output is allocated as without it.
+    also=(
+        (
+            "_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
+            "Tensor? bias_, int group_size=0) -> Tensor"
+        ),
+    ),
 )
 def fp8_gemm_w8a16_fake(
     A: torch.Tensor,
     B: torch.Tensor,
     B_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
+    group_size: int = 0,
 ) -> torch.Tensor:
     _check_contiguous("fp8", B_scale=B_scale, bias=bias)
     out = _onednn_output(A, B, A.dtype)
@@ -342,9 +372,56 @@ def fp8_gemm_w8a16_fake(
         B.dtype in _FP8_DTYPES,
         lambda: "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
     )
+    torch._check(group_size >= 0, lambda: "group_size must be non-negative")
+    if group_size > 0:
+        _check_grouped_scales(A, B, B_scale, group_size)
     _check_half_activation(A, "Unsupported data type for fp8 matmul")
     _check_bias(bias, A, out.size(-1))
     return out
+
+
+def _check_grouped_scales(
+    A: torch.Tensor, B: torch.Tensor, B_scale: torch.Tensor | None, group_size: int
+) -> None:
+    """The checks of a block-scaled fp8_gemm_w8a16 (``group_size > 0``, the
+    llm-scaler build): float16 activations, a 2-D weight whose dimensions
+    ``group_size`` divides, contiguous ``[K / g, N / g]`` scales of float32,
+    bfloat16 or float16 on the weight's device."""
+    torch._check(
+        A.dtype == torch.float16,
+        lambda: "grouped FP8 weight scales currently require float16 activations",
+    )
+    torch._check(
+        B_scale is not None, lambda: "grouped FP8 weight scales must be provided"
+    )
+    assert B_scale is not None
+    torch._check(
+        B.dim() == 2 and B.size(0) % group_size == 0 and B.size(1) % group_size == 0,
+        lambda: "grouped FP8 weight dimensions must be divisible by group_size",
+    )
+    torch._check(
+        B_scale.dim() == 2
+        and B_scale.size(0) == B.size(0) // group_size
+        and B_scale.size(1) == B.size(1) // group_size,
+        lambda: (
+            "grouped FP8 weight scales must have shape [K / group_size, N / group_size]"
+        ),
+    )
+    torch._check(
+        B_scale.is_contiguous(),
+        lambda: (
+            "grouped FP8 weight scales must be contiguous in "
+            "[K / group_size, N / group_size] order"
+        ),
+    )
+    torch._check(
+        B_scale.device == B.device,
+        lambda: "grouped FP8 weight scales and weight must be on the same device",
+    )
+    torch._check(
+        B_scale.dtype in (torch.float32, torch.bfloat16, torch.float16),
+        lambda: "grouped FP8 weight scales must be float32, bfloat16, or float16",
+    )
 
 
 @_fake_of(
@@ -530,10 +607,10 @@ def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> 
     if op is None:
         return False
     live = str(op._schema)
-    if live != schema:
+    if not exact_for(qualname, schema, live):
         logger.warning(
             "Not registering a fake for %s: its schema is %r, the fake was "
-            "written for %r",
+            "written for %r; the op keeps the fake it has, if any",
             qualname,
             live,
             schema,

@@ -14,6 +14,7 @@ afterwards only the members are read, verified against that RECORD
 (wheel.py).
 """
 
+import ast
 import datetime
 import hashlib
 import json
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpufakes.changes import kernels, opfacts, recipes, unidiff
-from xpufakes.common import paths
+from xpufakes.common import ops, paths
 from xpufakes.common.errors import Refusal
 from xpufakes.trees import fetch, index, pinfacts, pins, wheel
 from xpufakes.trees.pins import version_tuple
@@ -200,6 +201,7 @@ def refresh(date: str | None = None) -> list[Variant]:
             entries[version]["series"] = variant.series
     _write_pins(entries)
     pins.load.cache_clear()
+    write_tree_fakes()
     # the copies of the data (the overlay's among them; the series names
     # overlay files, it holds none), from the pins just written: the
     # reference kernels' newest kernels release is the newest pin's
@@ -315,3 +317,44 @@ def _write_pins(entries: dict[str, dict]) -> None:
         ]
     paths.PINS.write_text("\n".join(out).rstrip("\n") + "\n")
     pins.load.cache_clear()
+
+
+def write_tree_fakes() -> None:
+    """data/tree_fakes.toml: the digest of each `if hasattr(torch.ops._xpu_C,
+    "<gemm>"):` fake block in vllm/_xpu_ops.py of every pinned kernels-era
+    release, with the releases that have it (recipes.kept_tree_fakes: a
+    tree's block that is none of these is kept)."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for pin in pins.load().ordered():
+        if pin.era != pins.KERNELS:
+            continue
+        path = fetch.fetch(pin) / "vllm" / "_xpu_ops.py"
+        if not path.is_file():
+            continue
+        for node in ast.parse(path.read_text()).body:
+            gemm = recipes.xpu_c_gemm_guard(node)
+            if gemm is not None:
+                digests = found.setdefault(f"{ops.XPU_C}::{gemm}", {})
+                digests.setdefault(recipes.fake_block_digest(node), []).append(
+                    pin.version
+                )
+    out = [
+        "# The fakes of the _xpu_C GEMMs that vLLM's pinned releases register in",
+        "# vllm/_xpu_ops.py: the digest of each `if hasattr(torch.ops._xpu_C,",
+        '# "<gemm>"):` block (changes/recipes.py fake_block_digest: its AST, so',
+        "# formatting and comments do not count), and the releases that have it.",
+        "# A recipe removes a tree's block only if it is one of these; any other",
+        "# (an image's fake for a kernel build of its own) stays, and ours",
+        "# registers over it only where the live schema is one ours is exact for.",
+        "#",
+        "# Written by `make refresh` (changes/authoring.py); do not edit by hand.",
+        "",
+    ]
+    for op in sorted(found):
+        digests = found[op]
+        out.append(f'[ops."{op}"]')
+        out.append("digests = [" + ", ".join(f'"{d}"' for d in digests) + "]")
+        for digest, versions in digests.items():
+            out.append(f"# {digest}: {', '.join(versions)}")
+        out.append("")
+    recipes.TREE_FAKES.write_text("\n".join(out).rstrip("\n") + "\n")

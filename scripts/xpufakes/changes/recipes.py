@@ -7,6 +7,7 @@ same edits on a tree's live files.
 """
 
 import ast
+import hashlib
 import textwrap
 import tomllib
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from xpufakes.common.ops import XPU_C_GEMMS
 from xpufakes.trees import names, pins, pysource
 
 FAKES_MODULE = "vllm/_xpu_gemm_fakes.py"
+XPU_OPS = "vllm/_xpu_ops.py"
 TREE_TEST = "tests/kernels/quantization/test_xpu_gemm_fakes.py"
 TREE_TEST_REFERENCE = "tests/kernels/quantization/xpu_gemm_reference.py"
 WOQ_MODULE = "vllm/_ipex_woq_linear.py"
@@ -125,14 +127,57 @@ def _register_fake_shim(body: list[ast.stmt]) -> ast.stmt | None:
     return None
 
 
-def xpu_gemm_fake_sites(body: list[ast.stmt]) -> list[ast.stmt]:
+# The fakes of the _xpu_C GEMMs that vLLM's releases register in
+# vllm/_xpu_ops.py (data/tree_fakes.toml, written by `make refresh` from the
+# pinned sdists): op -> the digests of their `if hasattr(...)` blocks. A
+# recipe removes a tree's block only if it is one of these; any other (an
+# image that changed the fake for a kernel build of its own) stays, and ours
+# registers over it only where the live schema is one ours is exact for.
+TREE_FAKES = paths.DATA / "tree_fakes.toml"
+
+
+def fake_block_digest(node: ast.stmt) -> str:
+    """A digest of a fake's block that formatting and comments do not change."""
+    return hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
+
+
+def _known_tree_fakes() -> dict[str, frozenset[str]]:
+    data = tomllib.loads(TREE_FAKES.read_text()) if TREE_FAKES.is_file() else {}
+    return {op: frozenset(e["digests"]) for op, e in data.get("ops", {}).items()}
+
+
+def kept_tree_fakes(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The `if hasattr(torch.ops._xpu_C, "<gemm>"):` blocks of a tree that no
+    release of vLLM has: the recipe keeps them (do no harm)."""
+    known = _known_tree_fakes()
+    return [
+        n
+        for n in body
+        if (gemm := xpu_c_gemm_guard(n))
+        and fake_block_digest(n) not in known.get(f"{ops.XPU_C}::{gemm}", ())
+    ]
+
+
+def kept_tree_fake_ops(text: str) -> list[str]:
+    """The ops whose fake in vllm/_xpu_ops.py's text the recipe keeps."""
+    try:
+        body = _statements(text)
+    except SyntaxError:
+        return []
+    return [f"{ops.XPU_C}::{xpu_c_gemm_guard(n)}" for n in kept_tree_fakes(body)]
+
+
+def xpu_gemm_fake_sites(
+    body: list[ast.stmt], keep: Sequence[ast.stmt] = ()
+) -> list[ast.stmt]:
     """The module-level statements to remove from vllm/_xpu_ops.py: every
     `if hasattr(torch.ops._xpu_C, "<gemm>"):` block (wherever it is, in any
-    order, whatever lies between them) and the register_fake shim if nothing
-    else uses it."""
-    blocks = [n for n in body if xpu_c_gemm_guard(n)]
-    if not blocks:
+    order, whatever lies between them) but those to `keep`, and the
+    register_fake shim if nothing else uses it."""
+    guarded = [n for n in body if xpu_c_gemm_guard(n)]
+    if not guarded:
         raise RecipeError('no `if hasattr(torch.ops._xpu_C, "<gemm>"):` block')
+    blocks = [n for n in guarded if n not in keep]
     shim = _register_fake_shim(body)
     rest = [n for n in body if n is not shim and n not in blocks]
     if shim is not None and "register_fake" not in _names_used(rest):
@@ -211,8 +256,14 @@ def edit_xpu_ops(text: str) -> str:
     where the first of them was."""
     body = _statements(text)
     lines = _lines(text)
-    removed = xpu_gemm_fake_sites(body)
+    kept = kept_tree_fakes(body)
+    removed = xpu_gemm_fake_sites(body, kept)
     runs = _runs(body, removed)
+    # ours register after every fake of the tree's that stays (and replace
+    # it where they are exact for the live schema)
+    after_kept = max((n.end_lineno for n in kept), default=0)
+    if kept and (not runs or runs[0][0] < after_kept):
+        runs.insert(0, (after_kept, after_kept))
     import_line = "from vllm._xpu_gemm_fakes import register_xpu_gemm_fakes\n"
     import_at = _vllm_import_position(body, "vllm._xpu_gemm_fakes")
     remaining = [n for n in body if n not in removed]
@@ -227,6 +278,8 @@ def edit_xpu_ops(text: str) -> str:
             lines.insert(first, import_line)
         elif what == "typing":
             _drop_typing_name(lines, body, "TYPE_CHECKING")
+        elif what == 0 and first == last:  # after a block the tree keeps
+            lines[first:last] = ["\n", "\n", *XPU_REGISTRATION]
         elif what == 0:
             lines[first:last] = XPU_REGISTRATION
         else:

@@ -65,6 +65,23 @@ WRAPPER_OPS = {op: f"{XPU_C}::{w.gemm}" for op, w in WRAPPERS.items()}
 OURS = frozenset({f"{XPU_C}::{gemm}" for gemm in XPU_C_GEMMS} | {IPEX_GEMM, IPEX_WOQ})
 
 
+def exact_schemas(op: str) -> list[str]:
+    """The schemas (qualified, as torch prints them) the fake of one of our
+    ops is exact for: its kernels' own (op_schemas.toml) and those of the
+    downstream builds fakes.toml's `also` names."""
+    namespace, _, name = op.partition("::")
+    own = tomllib.loads((paths.DATA / "op_schemas.toml").read_text())
+    schemas = (
+        [f"{namespace}::{own[namespace][name]}"]
+        if name in own.get(namespace, {})
+        else []
+    )
+    for entry in FAKES:
+        if entry["name"] == op:
+            schemas += [f"{namespace}::{a['schema']}" for a in entry.get("also", ())]
+    return schemas
+
+
 def is_ours(op: str) -> bool:
     """Whether an op (as the audit names it, maybe with an overload) is ours."""
     return op in OURS or op.split(".")[0] in OURS

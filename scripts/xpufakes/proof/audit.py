@@ -25,10 +25,10 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from xpufakes.changes import base, kernels
+from xpufakes.changes import base, kernels, recipes
 from xpufakes.common import isolated, opschema, paths
 from xpufakes.common.errors import Refusal
-from xpufakes.common.ops import IPEX_WOQ, NAMESPACES, WRAPPER_OPS
+from xpufakes.common.ops import IPEX_WOQ, NAMESPACES, WRAPPER_OPS, exact_schemas
 from xpufakes.proof import plugin as installed_plugin
 from xpufakes.proof.model import report as model_report
 from xpufakes.proof.model import runner as model_runner
@@ -183,6 +183,9 @@ class Result:
     models: list[dict] | None = None  # MODEL=: each model proof's result
     plugin: "PluginReport | None" = None  # the installed vLLM plugin
     truth: "schematruth.Truth | None" = None  # schema truth (schematruth.py)
+    # ops whose fake in vllm/_xpu_ops.py is the tree's own, no release's
+    # (recipes.kept_tree_fakes: apply keeps it)
+    own_fakes: list[str] = field(default_factory=list)
 
     @property
     def reached(self) -> list[reach.Finding]:
@@ -211,6 +214,7 @@ class Result:
             for r in self.reports
             if r.verdict.startswith(("warn", "unknown", "unverified", "lies"))
         ]
+        said += [own_fake_warning(op) for op in self.own_fakes]
         if self.truth is not None:
             said += [f"{c.op}: schema unknown" for c in self.truth.unknown]
             said += [
@@ -295,6 +299,7 @@ def audit(
     ipex = kernels.IPEX in standins
     untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex, parsed=parsed)
     result = Result(standins, reports(sites, declared, checked, state), untraceable)
+    result.own_fakes = recipes.kept_tree_fake_ops(sources.get(recipes.XPU_OPS, ""))
     routing = None
     if installed is not None:  # the plugin's contracts, read from its files
         module = installed.directory / installed_plugin.PACKAGE / "_xpu_opaque_calls.py"
@@ -406,6 +411,8 @@ def table(found: tree.Tree, result: Result) -> str:
             via = f" via {s.via}" if s.via else ""
             lines.append(f"    {s.file}:{s.line} {s.function}{via} [{s.context}]")
     covered = set(result.plugin.state.get("rebound", [])) if result.plugin else set()
+    if result.own_fakes:
+        lines += ["", *(f"warn: {own_fake_warning(op)}" for op in result.own_fakes)]
     lines += ["", *untraceable_lines(result.untraceable, covered)]
     if result.plugin is not None:
         lines += ["", *result.plugin.lines()]
@@ -499,12 +506,24 @@ def untraceable_lines(
     return lines
 
 
+def own_fake_warning(op: str) -> str:
+    """What the audit says of a tree's own fake of one of our ops."""
+    schemas = exact_schemas(op)
+    return (
+        f"{op}: the tree registers a fake of its own in {recipes.XPU_OPS}, no "
+        "release of vLLM's (its image's kernels may have another schema); "
+        "apply keeps it, and ours replaces it at start-up only where the live "
+        f"schema is one ours is exact for: {' | '.join(schemas)}"
+    )
+
+
 def to_json(found: tree.Tree, result: Result) -> str:
     return json.dumps(
         {
             "tree": str(found.root),
             "shape": found.shape,
             "kernels": result.kernels,
+            "own_fakes": result.own_fakes,
             "ops": [
                 asdict(r) | {"verdict": r.verdict, "traced": r.traced}
                 for r in result.reports

@@ -3,7 +3,16 @@
 or the PATCHES= chosen), or the recipes on its live files -- run through
 the pipeline (check: a dry run, the proof included)."""
 
-from xpufakes.changes import base, engine, kernels, live, lock, selection, series
+from xpufakes.changes import (
+    base,
+    engine,
+    kernels,
+    live,
+    lock,
+    recipes,
+    selection,
+    series,
+)
 from xpufakes.common.errors import NotAffected, Refusal
 from xpufakes.trees import tree
 from xpufakes.trees.tree import Tree
@@ -133,10 +142,14 @@ def by_recipe(
             "mixed tree: IPEX era, and its code calls the _xpu_C GEMMs: "
             "registering the fakes of both"
         )
+    kept = recipes.kept_tree_fake_ops(result.sources.get(recipes.XPU_OPS, ""))
+    for op in kept:
+        report.note(kept_fake_warning(op))
     if not dry_run:
         plans.sweep_for_recipes(found, detected.pin, result.changes, report)
     edited = [f"  {path}: changed by recipe" for path in result.edited]
     added = [f"  {path}: added" for path in result.added]
+    also = f"; the tree's own fake kept for {', '.join(kept)}" if kept else ""
     return Plan(
         found.root,
         result.changes,
@@ -145,10 +158,10 @@ def by_recipe(
         lines=edited + added,
         summary=f"applied {len(result.patches)} patch(es) by recipe: "
         f"{len(result.edited)} file(s) changed, {len(result.added)} added; "
-        f"what was done is in {live.STATE_FILE}",
+        f"what was done is in {live.STATE_FILE}{also}",
         would=[f"  {path}: would change by recipe" for path in result.edited]
         + [f"  {path}: would be added" for path in result.added],
-        would_summary=f"would apply {', '.join(result.patches)} by recipe; "
+        would_summary=f"would apply {', '.join(result.patches)} by recipe{also}; "
         "nothing changed",
         # the stand-ins of the base release the tree is judged as
         to_prove=ToProve(
@@ -198,3 +211,13 @@ def on_recipe_state(
             "nothing changed"
         )
     return Plan(found.root, unchanged="already applied; nothing changed")
+
+
+def kept_fake_warning(op: str) -> str:
+    """What apply says of a tree's own fake it keeps (do no harm)."""
+    return (
+        f"warning: {recipes.XPU_OPS}: the tree's own fake of {op} is not one of "
+        "vLLM's releases' (its image may build the kernels with another schema): "
+        "kept; ours replaces it at start-up only where the live schema is one "
+        "ours is exact for (make audit names it)"
+    )
