@@ -21,7 +21,10 @@ process (registrations are process-global). The negative control is today's
 behaviour: every block removed and ours knowing only upstream's schema.
 """
 
+import hashlib
+import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,7 +33,7 @@ import torch
 
 from support import images, releases, tool
 from xpufakes.changes import recipes
-from xpufakes.common import ops
+from xpufakes.common import ops, paths
 from xpufakes.proof.xpu import registering, xpu_kernels
 
 pytestmark = pytest.mark.forked
@@ -101,12 +104,11 @@ def _compiled_w8a16(A, B, scale, group):
     return torch.compile(f, fullgraph=True, backend="aot_eager")(A, B, scale)
 
 
-def _remove_every_block(tree: Path) -> None:
-    """Today's recipe: every `if hasattr(torch.ops._xpu_C, ...)` fake removed,
-    however the tree wrote it."""
-    path = tree / recipes.XPU_OPS
-    text = path.read_text()
-    body = recipes._statements(text)
+def _remove_every_block(tree: Path, original: str) -> None:
+    """Today's recipe on the tree's vllm/_xpu_ops.py as it was before apply:
+    every `if hasattr(torch.ops._xpu_C, ...)` fake removed, however the tree
+    wrote it."""
+    body = recipes._statements(original)
     known = {
         f"{ops.XPU_C}::{recipes.xpu_c_gemm_guard(n)}": frozenset(
             {recipes.fake_block_digest(n)}
@@ -114,12 +116,42 @@ def _remove_every_block(tree: Path) -> None:
         for n in body
         if recipes.xpu_c_gemm_guard(n)
     }
-    original = recipes._known_tree_fakes
+    saved = recipes._known_tree_fakes
     recipes._known_tree_fakes = lambda: known
     try:
-        path.write_text(recipes.edit_xpu_ops_and_wrappers(text))
+        edited = recipes.edit_xpu_ops_and_wrappers(original)
     finally:
-        recipes._known_tree_fakes = original
+        recipes._known_tree_fakes = saved
+    (tree / recipes.XPU_OPS).write_text(edited)
+
+
+def _cached(name: str, build) -> Path:
+    """A tree `build(root)` makes, made once per content of what makes it
+    (the recipes, our fake module, the data, this file) and kept in the
+    cache: the tests run forked, so a fixture would be made in each."""
+    digest = hashlib.sha256()
+    for path in (
+        Path(recipes.__file__),
+        paths.OVERLAY / recipes.FAKES_MODULE,
+        recipes.TREE_FAKES,
+        Path(__file__),
+    ):
+        digest.update(path.read_bytes())
+    target = paths.cache_dir() / "test-trees" / f"{name}-{digest.hexdigest()[:16]}"
+    if target.is_dir():
+        return target
+    with paths.cache_lock(f"test-tree-{name}"):
+        if not target.is_dir():
+            staging = target.with_name(target.name + f".tmp{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            build(staging)
+            os.replace(staging, target)
+    return target
+
+
+def _apply(tree: Path) -> None:
+    result = tool.run("apply", str(tree), "--no-proof")
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -127,25 +159,49 @@ def b31_schema() -> str:
     return "_xpu_C::" + image_schema(images.kernels_patch(), W8A16)
 
 
-def test_the_image_schema_is_one_ours_is_exact_for(b31_schema):
+def _b31_applied(root: Path) -> None:
+    applied = tool.run("apply", str(images.b31_copy(root)), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # loud, in a warning and in the last line
+    assert f"the tree's own fake of {W8A16}" in applied.stderr
+    assert applied.stdout.rstrip().endswith(f"the tree's own fake kept for {W8A16}")
+
+
+def _b31_today(root: Path) -> None:
+    images.b31_copy(root)
+    original = (root / recipes.XPU_OPS).read_text()
+    _apply(root)
+    _remove_every_block(root, original)
+
+
+@pytest.fixture
+def b31_trees() -> dict[str, Path]:
+    """The b3.1 tree as it is, after apply, and after today's apply."""
+    return {
+        "unpatched": images.b31_cached(),
+        "applied": _cached("b31-applied", _b31_applied),
+        "today": _cached("b31-today", _b31_today),
+    }
+
+
+def test_the_image_schema_has_a_fake_of_ours(b31_schema):
     """Read from the image's kernels patch, not from our data: the b3.1
-    schema is one fakes.toml's `also` names, and the fake module's too."""
+    schema is one fakes.toml's `also` names, and the overlay's fake for it
+    is the one that table names."""
     assert b31_schema.endswith("Tensor? bias_, int group_size=0) -> Tensor")
     assert b31_schema in ops.exact_schemas(W8A16)
     assert b31_schema != ops.exact_schemas(W8A16)[0]  # not upstream's
+    sys.path.insert(0, str(paths.OVERLAY))
+    import vllm._xpu_gemm_fakes as fakes
+
+    (entry,) = [e for e in ops.FAKES if e["name"] == W8A16]
+    (also,) = entry["also"]
+    assert fakes.SCHEMA_VARIANTS[W8A16][b31_schema].__name__ == also["fake"]
 
 
 @pytest.mark.parametrize("how", ["unpatched", "applied", "today"])
-def test_b31_fp8_gemm_w8a16_compiles_as_before_apply(how, b31_schema, tmp_path):
-    tree = images.b31_copy(tmp_path / "b3.1")
-    if how == "applied":
-        result = tool.run("apply", str(tree), "--no-proof")
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert f"the tree's own fake of {W8A16}" in result.stderr
-        assert result.stdout.rstrip().endswith(f"the tree's own fake kept for {W8A16}")
-    elif how == "today":
-        assert tool.run("apply", str(tree), "--no-proof").returncode == 0
-        _remove_every_block(tree)
+def test_b31_fp8_gemm_w8a16_compiles_as_before_apply(how, b31_schema, b31_trees):
+    tree = b31_trees[how]
     library = _define(b31_schema)  # noqa: F841 - keeps the op defined
     _import_tree(tree, today=how == "today")
     fake = _registered_by(W8A16)
@@ -176,21 +232,85 @@ def test_b31_fp8_gemm_w8a16_compiles_as_before_apply(how, b31_schema, tmp_path):
 
 
 # The ops vllm/_xpu_ops.py of 0.21.0 registers a fake for (fp4_gemm's comes
-# with 0.28.0), each given a trailing defaulted argument, in the kernels'
-# schema and in the tree's fake, as an image would: not a schema we know.
-VARIED = {
-    op: ops.exact_schemas(op)[0].replace(") ->", ", int extra=0) ->", 1)
-    for op in (
-        "_xpu_C::fp8_gemm",
-        W8A16,
-        "_xpu_C::int4_gemm_w4a8",
-        "_xpu_C::int4_gemm_w4a16",
-    )
-}
+# with 0.28.0).
+REPLACED = (
+    "_xpu_C::fp8_gemm",
+    W8A16,
+    "_xpu_C::int4_gemm_w4a8",
+    "_xpu_C::int4_gemm_w4a16",
+)
 
 
-def _varied_tree(tmp_path: Path, op: str) -> Path:
-    tree = releases.copy_of(images.B31_RELEASE, tmp_path / "tree")
+def _b31_live_schema(op: str, b31_schema: str) -> str:
+    return b31_schema if op == W8A16 else ops.exact_schemas(op)[0]
+
+
+def _renamed(schema: str) -> str:
+    """The schema with its first argument renamed."""
+    renamed = re.sub(r"\(Tensor \w+,", "(Tensor input,", schema, count=1)
+    assert renamed != schema
+    return renamed
+
+
+def _trailing(schema: str) -> str:
+    return schema.replace(") ->", ", int extra=0) ->", 1)
+
+
+def _varied(op: str, how: str) -> Path:
+    """0.21.0 with one op's fake given a trailing defaulted argument, as an
+    image does for its own build of the kernels: applied, or by today's
+    apply."""
+
+    def build(root: Path) -> None:
+        _varied_tree(root, op)
+        original = (root / recipes.XPU_OPS).read_text()
+        result = tool.run("apply", str(root), "--no-proof")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"the tree's own fake of {op}" in result.stderr
+        if how == "today":
+            _remove_every_block(root, original)
+
+    return _cached(f"varied-{op.partition('::')[2]}-{how}", build)
+
+
+@pytest.mark.parametrize("how", ["applied", "today"])
+@pytest.mark.parametrize("op", REPLACED)
+def test_a_trailing_argument_keeps_the_tree_fake(op, how):
+    """The image changed the kernel's schema and the tree's fake; ours does
+    not know that schema: the tree's fake stays."""
+    library = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: F841
+    library.define(_trailing(ops.exact_schemas(op)[0]).partition("::")[2])
+    _import_tree(_varied(op, how), today=how == "today")
+    assert op not in sys.modules["vllm._xpu_gemm_fakes"]._registrations
+    assert _registered_by(op) == (None if how == "today" else "_xpu_ops.py")
+
+
+@pytest.mark.parametrize("how", ["applied", "today"])
+@pytest.mark.parametrize("op", REPLACED)
+def test_a_renamed_argument_keeps_the_tree_fake(op, how, b31_schema, b31_trees):
+    """The kernels renamed an argument, the tree's fake is vLLM's (it binds
+    by position): the fake stays where the live schema is not one ours is
+    exact for."""
+    library = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: F841
+    library.define(_renamed(_b31_live_schema(op, b31_schema)).partition("::")[2])
+    _import_tree(b31_trees[how], today=how == "today")
+    assert op not in sys.modules["vllm._xpu_gemm_fakes"]._registrations
+    assert _registered_by(op) == (None if how == "today" else "_xpu_ops.py")
+
+
+@pytest.mark.parametrize("op", REPLACED)
+def test_a_schema_ours_is_exact_for_replaces_the_tree_fake(op, b31_schema, b31_trees):
+    """Where the live schema is one ours is exact for, ours replaces the
+    fake the tree keeps."""
+    library = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: F841
+    library.define(_b31_live_schema(op, b31_schema).partition("::")[2])
+    _import_tree(b31_trees["applied"])
+    assert op in sys.modules["vllm._xpu_gemm_fakes"]._registrations
+    assert _registered_by(op) == "_xpu_gemm_fakes.py"
+
+
+def _varied_tree(root: Path, op: str) -> Path:
+    tree = releases.copy_of(images.B31_RELEASE, root)
     path = tree / recipes.XPU_OPS
     text = path.read_text()
     gemm = op.partition("::")[2]
@@ -207,24 +327,3 @@ def _varied_tree(tmp_path: Path, op: str) -> Path:
         raise AssertionError(f"no signature end in {gemm}'s block")
     path.write_text("".join(lines))
     return tree
-
-
-@pytest.mark.parametrize("how", ["applied", "today"])
-@pytest.mark.parametrize("op", list(VARIED))
-def test_a_live_schema_we_do_not_know_keeps_the_tree_fake(op, how, tmp_path):
-    tree = _varied_tree(tmp_path, op)
-    result = tool.run("apply", str(tree), "--no-proof")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"the tree's own fake of {op}" in result.stderr
-    if how == "today":
-        _remove_every_block(tree)
-    library = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: F841
-    library.define(VARIED[op].partition("::")[2])
-    _import_tree(tree, today=how == "today")
-    fake = _registered_by(op)
-    fakes = sys.modules["vllm._xpu_gemm_fakes"]
-    assert op not in fakes._registrations  # ours: not for this schema
-    if how == "today":
-        assert fake is None
-    else:
-        assert fake == "_xpu_ops.py", fake

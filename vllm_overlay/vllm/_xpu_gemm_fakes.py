@@ -24,14 +24,14 @@ Each fake mirrors the kernel's input checks (same messages) so that bad input
 fails at trace time, and it works with symbolic sizes.
 
 Each fake names its op's schema in its decorator, as PyTorch's and vLLM's
-fakes name their op, and the schemas of downstream kernel builds it is exact
-for too (``also=``, each with the kernel's source cited); registration is
-schema-checked: a fake is registered only if the live op has exactly one of
-those schemas. On a mismatch a warning is logged and the op is left alone:
-the fake a vLLM tree registered for it, if any, stays (a wrong fake is worse
-than none, and a tree's fake for a schema we do not know is the tree's to
-keep). Ops that do not exist are skipped. Nothing here raises at import or
-registration time, and registering twice is a no-op.
+fakes name their op; a downstream build of the kernels that extends an op's
+schema has a fake of its own (``@_variant_of``, the kernel's source cited).
+Registration is schema-checked: a fake is registered only if the live op has
+exactly the schema it was written for. On a mismatch a warning is logged and
+the op is left alone: the fake a vLLM tree registered for it, if any, stays
+(a wrong fake is worse than none, and a tree's fake for a schema we do not
+know is the tree's to keep). Ops that do not exist are skipped. Nothing here
+raises at import or registration time, and registering twice is a no-op.
 
 This module imports only torch, packaging and the standard library.
 """
@@ -67,35 +67,47 @@ class FakeSpec(NamedTuple):
 XPU_GEMM_FAKES: dict[str, FakeSpec] = {}
 # The same for the torch_ipex ops, registered by register_ipex_gemm_fakes().
 IPEX_GEMM_FAKES: dict[str, FakeSpec] = {}
-# op overload -> the other schemas its fake is exact for: a downstream build
-# of the kernels that extends the op (a trailing argument with a default),
-# entered by the decorator's ``also=``.
-SCHEMA_VARIANTS: dict[str, tuple[str, ...]] = {}
+# op overload -> {schema: fake} of the other schemas of the op that a fake
+# here is exact for: a downstream build of the kernels that extends the op
+# (a trailing argument with a default), entered by @_variant_of.
+SCHEMA_VARIANTS: dict[str, dict[str, Callable[..., torch.Tensor]]] = {}
 
 _Fake = Callable[..., torch.Tensor]
 
 
-def _fake_of(
-    table: dict[str, FakeSpec], schema: str, also: tuple[str, ...] = ()
-) -> Callable[[_Fake], _Fake]:
+def _fake_of(table: dict[str, FakeSpec], schema: str) -> Callable[[_Fake], _Fake]:
     """Enter the decorated function in ``table`` as the fake of the op that
-    ``schema`` (as torch prints it) declares; ``also``: other schemas of the
-    same op (downstream kernel builds) the fake is exact for."""
+    ``schema`` (as torch prints it) declares."""
 
     def enter(fake: _Fake) -> _Fake:
-        qualname = schema.partition("(")[0]
-        table[qualname] = FakeSpec(schema, fake)
-        if also:
-            SCHEMA_VARIANTS[qualname] = also
+        table[schema.partition("(")[0]] = FakeSpec(schema, fake)
         return fake
 
     return enter
 
 
+def _variant_of(schema: str) -> Callable[[_Fake], _Fake]:
+    """Enter the decorated function as the fake of the op in a downstream
+    build of its kernels, whose schema (as torch prints it) is ``schema``."""
+
+    def enter(fake: _Fake) -> _Fake:
+        SCHEMA_VARIANTS.setdefault(schema.partition("(")[0], {})[schema] = fake
+        return fake
+
+    return enter
+
+
+def fake_for(qualname: str, schema: str, fake: _Fake, live: str) -> _Fake | None:
+    """The fake exact for an op whose live schema is ``live``: ``fake``
+    (written for ``schema``), a downstream build's, or None."""
+    if live == schema:
+        return fake
+    return SCHEMA_VARIANTS.get(qualname, {}).get(live)
+
+
 def exact_for(qualname: str, schema: str, live: str) -> bool:
-    """Whether the fake written for ``schema`` is exact for an op whose live
-    schema is ``live``: that schema, or one of its known variants."""
-    return live == schema or live in SCHEMA_VARIANTS.get(qualname, ())
+    """Whether a fake of ours is exact for the op's live schema ``live``."""
+    return live == schema or live in SCHEMA_VARIANTS.get(qualname, {})
 
 
 def _c10(dtype: torch.dtype) -> str:
@@ -348,23 +360,12 @@ def fp8_bmm_fake(
     XPU_GEMM_FAKES,
     "_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
     "Tensor? bias_) -> Tensor",
-    # intel/llm-scaler's build of the kernels (vllm_xpu_kernels.patch, image
-    # 0.21.0-b3.1, llm-scaler 25095b4): block-scaled W8A16, a 2-D grid of
-    # weight scales (csrc/xpu/torch_bindings.cpp, onednn_matmul.cpp
-    # fp8_gemm_w8a16); the output is allocated as without it.
-    also=(
-        (
-            "_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
-            "Tensor? bias_, int group_size=0) -> Tensor"
-        ),
-    ),
 )
 def fp8_gemm_w8a16_fake(
     A: torch.Tensor,
     B: torch.Tensor,
     B_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
-    group_size: int = 0,
 ) -> torch.Tensor:
     _check_contiguous("fp8", B_scale=B_scale, bias=bias)
     out = _onednn_output(A, B, A.dtype)
@@ -372,11 +373,30 @@ def fp8_gemm_w8a16_fake(
         B.dtype in _FP8_DTYPES,
         lambda: "weight must be f8_e5m2 or f8_e4m3fn for fp8 matmul",
     )
+    _check_half_activation(A, "Unsupported data type for fp8 matmul")
+    _check_bias(bias, A, out.size(-1))
+    return out
+
+
+@_variant_of(
+    # intel/llm-scaler's build of the kernels (image 0.21.0-b3.1, llm-scaler
+    # 25095b4, vllm/patches/vllm_xpu_kernels.patch): block-scaled W8A16, a
+    # 2-D grid of weight scales (csrc/xpu/torch_bindings.cpp; onednn_matmul.cpp
+    # fp8_gemm_w8a16 allocates the output as without it, then checks).
+    "_xpu_C::fp8_gemm_w8a16(Tensor A, Tensor B, Tensor? B_scale_, "
+    "Tensor? bias_, int group_size=0) -> Tensor",
+)
+def fp8_gemm_w8a16_grouped_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    B_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    group_size: int = 0,
+) -> torch.Tensor:
+    out = fp8_gemm_w8a16_fake(A, B, B_scale, bias)
     torch._check(group_size >= 0, lambda: "group_size must be non-negative")
     if group_size > 0:
         _check_grouped_scales(A, B, B_scale, group_size)
-    _check_half_activation(A, "Unsupported data type for fp8 matmul")
-    _check_bias(bias, A, out.size(-1))
     return out
 
 
@@ -391,10 +411,8 @@ def _check_grouped_scales(
         A.dtype == torch.float16,
         lambda: "grouped FP8 weight scales currently require float16 activations",
     )
-    torch._check(
-        B_scale is not None, lambda: "grouped FP8 weight scales must be provided"
-    )
-    assert B_scale is not None
+    if B_scale is None:
+        raise RuntimeError("grouped FP8 weight scales must be provided")
     torch._check(
         B.dim() == 2 and B.size(0) % group_size == 0 and B.size(1) % group_size == 0,
         lambda: "grouped FP8 weight dimensions must be divisible by group_size",
@@ -600,14 +618,15 @@ def _find_overload(qualname: str) -> torch._ops.OpOverload | None:
 
 
 def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> bool:
-    registration = _registrations.get(qualname)
-    if registration is not None and registration.fake is fake:
-        return True
     op = _find_overload(qualname)
     if op is None:
         return False
     live = str(op._schema)
-    if not exact_for(qualname, schema, live):
+    exact = fake_for(qualname, schema, fake, live)
+    registration = _registrations.get(qualname)
+    if registration is not None and registration.fake is exact is not None:
+        return True
+    if exact is None:
         logger.warning(
             "Not registering a fake for %s: its schema is %r, the fake was "
             "written for %r; the op keeps the fake it has, if any",
@@ -624,8 +643,8 @@ def _register(qualname: str, schema: str, fake: Callable[..., torch.Tensor]) -> 
     if "allow_override" in inspect.signature(torch.library.register_fake).parameters:
         kwargs["allow_override"] = True
     library = torch.library.Library(qualname.partition("::")[0], "FRAGMENT")
-    torch.library.register_fake(qualname, fake, lib=library, **kwargs)
-    _registrations[qualname] = _Registration(fake, library)
+    torch.library.register_fake(qualname, exact, lib=library, **kwargs)
+    _registrations[qualname] = _Registration(exact, library)
     return True
 
 

@@ -205,11 +205,14 @@ def run_recipes(
     chosen: list[recipes.Recipe],
     mixed: bool = False,
     sources: dict[str, str] | None = None,
+    keep: bool = False,
 ) -> tuple[dict[str, dict[str, str]], dict[str, bytes], list[str]]:
     """The recipes' edits on the live files (apply's recipe path and stage
     both run them here): per recipe, the text each file it edits has after it
     (and the recipes before it); each file's bytes before; and every fault
-    (a missing file, an anchor not found, a file carrying our changes)."""
+    (a missing file, an anchor not found, a file carrying our changes).
+    `keep`: the edits of apply's recipe path, which keep what the tree had
+    where the series' drop it (Edit.live)."""
     sources = sources if sources is not None else tree.python_sources(root)
     texts: dict[str, str] = {}
     before: dict[str, bytes] = {}
@@ -248,7 +251,7 @@ def run_recipes(
                         faults.append(f"{path} already carries our changes")
                         continue
                 try:
-                    new = edit.edit(texts[path])
+                    new = edit.on(texts[path], keep)
                 except recipes.RecipeRefusal as e:
                     faults.append(f"{path}: {e} ({recipe.name})")
                     continue
@@ -295,7 +298,9 @@ def by_recipe(
                 chosen.append(recipe)
                 names = [*names, recipe.name]
     mixed = kernels.is_mixed(base_pin.kernels, sources)
-    by_patch, before, faults = run_recipes(found.root, chosen, mixed, sources)
+    by_patch, before, faults = run_recipes(
+        found.root, chosen, mixed, sources, keep=True
+    )
     # an optional recipe that changes nothing on this tree (the indexer's, on
     # a tree without the op) is not one of its patches
     chosen = [r for r in chosen if r.name in by_patch or not r.optional]

@@ -52,6 +52,13 @@ class Edit:
     anywhere_if: Callable[[str], bool] | None = None
     # False: a release may have none of its files (an op some releases lack)
     required: bool = True
+    # the edit on a live tree (apply's recipe path, export VLLM=), where it
+    # is not the series' (it keeps what the tree had: do no harm)
+    live: Callable[[str], str] | None = None
+
+    def on(self, text: str, live: bool) -> str:
+        """The edit of a file's text (`live`: on apply's recipe path)."""
+        return (self.live or self.edit)(text) if live else self.edit(text)
 
     @property
     def files(self) -> list[tuple[str, bool]]:
@@ -146,9 +153,10 @@ def _known_tree_fakes() -> dict[str, frozenset[str]]:
     return {op: frozenset(e["digests"]) for op, e in data.get("ops", {}).items()}
 
 
-def kept_tree_fakes(body: list[ast.stmt]) -> list[ast.stmt]:
+def own_tree_fakes(body: list[ast.stmt]) -> list[ast.stmt]:
     """The `if hasattr(torch.ops._xpu_C, "<gemm>"):` blocks of a tree that no
-    release of vLLM has: the recipe keeps them (do no harm)."""
+    release of vLLM has (an image's, for its own build of the kernels): every
+    recipe keeps them (do no harm)."""
     known = _known_tree_fakes()
     return [
         n
@@ -158,13 +166,13 @@ def kept_tree_fakes(body: list[ast.stmt]) -> list[ast.stmt]:
     ]
 
 
-def kept_tree_fake_ops(text: str) -> list[str]:
-    """The ops whose fake in vllm/_xpu_ops.py's text the recipe keeps."""
+def own_tree_fake_ops(text: str) -> list[str]:
+    """The ops whose fake in vllm/_xpu_ops.py's text is the tree's own."""
     try:
         body = _statements(text)
     except SyntaxError:
         return []
-    return [f"{ops.XPU_C}::{xpu_c_gemm_guard(n)}" for n in kept_tree_fakes(body)]
+    return [f"{ops.XPU_C}::{xpu_c_gemm_guard(n)}" for n in own_tree_fakes(body)]
 
 
 def xpu_gemm_fake_sites(
@@ -250,13 +258,18 @@ XPU_REGISTRATION = (
 )
 
 
-def edit_xpu_ops(text: str) -> str:
+def edit_xpu_ops(text: str, keep_all: bool = False) -> str:
     """vllm/_xpu_ops.py (0.16.0+): drop the upstream GEMM fakes and the
     register_fake shim only they use; register the canonical fakes instead,
-    where the first of them was."""
+    where the first of them was. A tree's own fake (no release's) stays,
+    and so does every fake with `keep_all` (a live tree, whose kernels may
+    have schemas we do not know): the canonical fakes are registered after
+    them and replace each only where they are exact for the live schema."""
     body = _statements(text)
     lines = _lines(text)
-    kept = kept_tree_fakes(body)
+    kept = (
+        [n for n in body if xpu_c_gemm_guard(n)] if keep_all else own_tree_fakes(body)
+    )
     removed = xpu_gemm_fake_sites(body, kept)
     runs = _runs(body, removed)
     # ours register after every fake of the tree's that stays (and replace
@@ -394,6 +407,12 @@ def edit_xpu_ops_and_wrappers(text: str) -> str:
     """vllm/_xpu_ops.py: the canonical GEMM fakes, and the same fakes for
     vLLM's ops that wrap the GEMMs."""
     return edit_xpu_gemm_wrapper_fakes(edit_xpu_ops(text))
+
+
+def edit_live_xpu_ops_and_wrappers(text: str) -> str:
+    """edit_xpu_ops_and_wrappers on a live tree: every fake the tree has
+    stays (ours replace them at start-up where exact for the live schema)."""
+    return edit_xpu_gemm_wrapper_fakes(edit_xpu_ops(text, keep_all=True))
 
 
 def edit_ipex_ops(text: str) -> str:
@@ -1048,7 +1067,13 @@ RECIPES: dict[str, tuple[Recipe, ...]] = {
     pins.KERNELS: (
         Recipe(
             name="0001-xpu-use-exact-fakes-for-xpu-c-gemms.patch",
-            edits=(Edit("vllm/_xpu_ops.py", edit_xpu_ops_and_wrappers),),
+            edits=(
+                Edit(
+                    "vllm/_xpu_ops.py",
+                    edit_xpu_ops_and_wrappers,
+                    live=edit_live_xpu_ops_and_wrappers,
+                ),
+            ),
             overlay=OVERLAY,
             header=KERNELS_HEADER + COMMON_FIELDS,
         ),

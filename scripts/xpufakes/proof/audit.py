@@ -299,7 +299,7 @@ def audit(
     ipex = kernels.IPEX in standins
     untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex, parsed=parsed)
     result = Result(standins, reports(sites, declared, checked, state), untraceable)
-    result.own_fakes = recipes.kept_tree_fake_ops(sources.get(recipes.XPU_OPS, ""))
+    result.own_fakes = recipes.own_tree_fake_ops(sources.get(recipes.XPU_OPS, ""))
     routing = None
     if installed is not None:  # the plugin's contracts, read from its files
         module = installed.directory / installed_plugin.PACKAGE / "_xpu_opaque_calls.py"

@@ -142,7 +142,7 @@ def by_recipe(
             "mixed tree: IPEX era, and its code calls the _xpu_C GEMMs: "
             "registering the fakes of both"
         )
-    kept = recipes.kept_tree_fake_ops(result.sources.get(recipes.XPU_OPS, ""))
+    kept = recipes.own_tree_fake_ops(result.sources.get(recipes.XPU_OPS, ""))
     for op in kept:
         report.note(kept_fake_warning(op))
     if not dry_run:

@@ -69,7 +69,9 @@ def _by_recipe(found: Tree, detected: base.Base, out: Path, report: Report):
     pipeline.prove(plan, report)
     era = recipes.RECIPES[detected.pin.era]
     result = live.by_recipe(found, detected.pin, detected.version)
-    by_patch, before, _ = live.run_recipes(found.root, list(era), result.mixed)
+    by_patch, before, _ = live.run_recipes(
+        found.root, list(era), result.mixed, keep=True
+    )
     texts = {p: data.decode("utf-8", "surrogateescape") for p, data in before.items()}
     chosen = [r for r in era if r.name in result.patches]
     out.mkdir(parents=True, exist_ok=True)
