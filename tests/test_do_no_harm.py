@@ -38,24 +38,7 @@ from xpufakes.proof.xpu import registering, xpu_kernels
 
 pytestmark = pytest.mark.forked
 
-W8A16 = "_xpu_C::fp8_gemm_w8a16"
-
-
-def image_schema(patch: str, op: str) -> str:
-    """The op's schema as the image's kernels patch defines it (the `+` lines
-    of csrc/xpu/torch_bindings.cpp's `xpu_ops.def("<op>(...)")`, joined)."""
-    section = patch.split("diff --git a/csrc/xpu/torch_bindings.cpp", 1)[1]
-    section = section.split("\ndiff --git", 1)[0]
-    name = op.partition("::")[2]
-    at = section.index(f'"{name}(')
-    text = []
-    for line in section[at:].splitlines():
-        if line.startswith("-"):
-            continue
-        text += re.findall(r'"([^"]*)"', line)
-        if ");" in line:
-            break
-    return re.sub(r"\s+", " ", "".join(text)).strip()
+W8A16 = images.W8A16
 
 
 def _define(schema: str) -> torch.library.Library:
@@ -156,7 +139,7 @@ def _apply(tree: Path) -> None:
 
 @pytest.fixture(scope="module")
 def b31_schema() -> str:
-    return "_xpu_C::" + image_schema(images.kernels_patch(), W8A16)
+    return "_xpu_C::" + images.image_schema(images.kernels_patch(), W8A16)
 
 
 def _b31_applied(root: Path) -> None:

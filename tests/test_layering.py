@@ -51,7 +51,7 @@ LAYERS = {
     ],
     "proof.xpu": [
         "cpu_kernels builtin device quantize_convert_standin esimd_kernels defining",
-        "moe_kernels fused_moe_standin",
+        "moe_kernels fused_moe_standin image_kernels",
         "ipex extensions xpu_kernels loading_ops packages sym_int4 reference xpu_moe",
         "registering esimd",
     ],

@@ -16,6 +16,7 @@ pass as green.
 
 import gzip
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,6 +30,7 @@ from . import releases
 IMAGES = paths.REPO.parent / "shared" / "reference" / "images"
 B31 = IMAGES / "llm-scaler-0.21.0-b3.1"
 B31_RELEASE = "0.21.0"
+W8A16 = "_xpu_C::fp8_gemm_w8a16"
 
 
 def need(directory: Path) -> Path:
@@ -92,3 +94,20 @@ def b31_cached() -> Path:
 def b31_copy(root: Path) -> Path:
     shutil.copytree(b31_cached(), root, symlinks=True)
     return root
+
+
+def image_schema(patch: str, op: str) -> str:
+    """The op's schema as the image's kernels patch defines it (the `+` lines
+    of csrc/xpu/torch_bindings.cpp's `xpu_ops.def("<op>(...)")`, joined)."""
+    section = patch.split("diff --git a/csrc/xpu/torch_bindings.cpp", 1)[1]
+    section = section.split("\ndiff --git", 1)[0]
+    name = op.partition("::")[2]
+    at = section.index(f'"{name}(')
+    text = []
+    for line in section[at:].splitlines():
+        if line.startswith("-"):
+            continue
+        text += re.findall(r'"([^"]*)"', line)
+        if ");" in line:
+            break
+    return re.sub(r"\s+", " ", "".join(text)).strip()
