@@ -22,9 +22,7 @@ behaviour: every block removed and ours knowing only upstream's schema.
 """
 
 import hashlib
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -120,16 +118,7 @@ def _cached(name: str, build) -> Path:
         Path(__file__),
     ):
         digest.update(path.read_bytes())
-    target = paths.cache_dir() / "test-trees" / f"{name}-{digest.hexdigest()[:16]}"
-    if target.is_dir():
-        return target
-    with paths.cache_lock(f"test-tree-{name}"):
-        if not target.is_dir():
-            staging = target.with_name(target.name + f".tmp{os.getpid()}")
-            shutil.rmtree(staging, ignore_errors=True)
-            build(staging)
-            os.replace(staging, target)
-    return target
+    return images.cached(f"{name}-{digest.hexdigest()[:16]}", build)
 
 
 def _apply(tree: Path) -> None:

@@ -76,19 +76,24 @@ def b31_tree(root: Path) -> Path:
     return root
 
 
-def b31_cached() -> Path:
-    """The b3.1 tree, made once per cache (do not change it; copy it)."""
-    target = paths.cache_dir() / "test-trees" / "llm-scaler-0.21.0-b3.1"
+def cached(name: str, build) -> Path:
+    """The tree `build(root)` makes, made once (by one test worker at a
+    time) and kept in the cache as test-trees/<name>: do not change it."""
+    target = paths.cache_dir() / "test-trees" / name
     if target.is_dir():
         return target
-    with paths.cache_lock("test-tree-llm-scaler-b3.1"):
-        if target.is_dir():
-            return target
-        staging = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        b31_tree(staging)
-        os.replace(staging, target)
+    with paths.cache_lock(f"test-tree-{name}"):
+        if not target.is_dir():
+            staging = target.with_name(target.name + f".tmp{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            build(staging)
+            os.replace(staging, target)
     return target
+
+
+def b31_cached() -> Path:
+    """The b3.1 tree, made once per cache (do not change it; copy it)."""
+    return cached("llm-scaler-0.21.0-b3.1", b31_tree)
 
 
 def b31_copy(root: Path) -> Path:
