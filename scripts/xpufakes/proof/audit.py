@@ -34,7 +34,7 @@ from xpufakes.proof.model import report as model_report
 from xpufakes.proof.model import runner as model_runner
 from xpufakes.proof.static import reach, scan, schematruth
 from xpufakes.proof.static.scan import IF_ENABLED, TRACED, CallSite
-from xpufakes.trees import pins, tree
+from xpufakes.trees import images, pins, tree
 
 UNKNOWN_NAMESPACE = "unknown namespace"
 SCHEMAS = paths.DATA / "op_schemas.toml"
@@ -183,6 +183,7 @@ class Result:
     models: list[dict] | None = None  # MODEL=: each model proof's result
     plugin: "PluginReport | None" = None  # the installed vLLM plugin
     truth: "schematruth.Truth | None" = None  # schema truth (schematruth.py)
+    image: "images.Recognition | None" = None  # the image it is (trees/images.py)
 
     @property
     def reached(self) -> list[reach.Finding]:
@@ -295,6 +296,7 @@ def audit(
     ipex = kernels.IPEX in standins
     untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex, parsed=parsed)
     result = Result(standins, reports(sites, declared, checked, state), untraceable)
+    result.image = images.recognise(found.root)
     routing = None
     if installed is not None:  # the plugin's contracts, read from its files
         module = installed.directory / installed_plugin.PACKAGE / "_xpu_opaque_calls.py"
@@ -307,7 +309,9 @@ def audit(
             routing = schematruth.Routing(
                 schematruth.contracts_of(module.read_text()), by, False
             )
-    result.truth = schematruth.check(sources, _version(found), parsed, plugin=routing)
+    result.truth = schematruth.check(
+        sources, _version(found), parsed, plugin=routing, image=result.image
+    )
     if installed is not None:
         cautions = [
             c
@@ -384,7 +388,8 @@ def reports(
 
 def table(found: tree.Tree, result: Result) -> str:
     kernels, reports = result.kernels, result.reports
-    lines = [f"vLLM tree {found.root} ({found.shape}); stand-in kernels: {kernels}", ""]
+    lines = [f"vLLM tree {found.root} ({found.shape}); stand-in kernels: {kernels}"]
+    lines += [image_line(result.image, _version(found)), ""]
     for r in reports:
         returns = {
             True: "returns a tensor",
@@ -465,6 +470,19 @@ def table(found: tree.Tree, result: Result) -> str:
     return "\n".join(lines)
 
 
+def image_line(image: "images.Recognition | None", version: str) -> str:
+    """The image the tree is, or what the audit takes it for."""
+    if image is not None and image.modified:
+        return f"Image: {image.describe()}; taken as that image"
+    if image is not None and image.image is not None:
+        return f"Image: {image.describe()}"
+    said = image.describe() if image is not None else "not recognised"
+    return (
+        f"Image: {said}; assumed: vLLM {version or '(release unknown)'}'s kernels, "
+        "an ESIMD package's facts (if it loads one) chosen by that release"
+    )
+
+
 def untraceable_lines(
     findings: list[reach.Finding], covered: set[str] = frozenset()
 ) -> list[str]:
@@ -505,6 +523,7 @@ def to_json(found: tree.Tree, result: Result) -> str:
             "tree": str(found.root),
             "shape": found.shape,
             "kernels": result.kernels,
+            "image": result.image.to_json() if result.image else None,
             "ops": [
                 asdict(r) | {"verdict": r.verdict, "traced": r.traced}
                 for r in result.reports
