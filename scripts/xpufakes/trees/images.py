@@ -85,6 +85,22 @@ class Recognition:
         }
 
 
+def as_image(short: str, data: dict[str, dict] | None = None) -> Recognition:
+    """A tree recognised as exactly that image (for a reader of one image's
+    facts, e.g. the schema cases read from b18beee's package)."""
+    images = load() if data is None else data
+    entry = images[short]
+    files = entry.get("files", {})
+    return Recognition(
+        short,
+        entry.get("name", short),
+        entry.get("vllm", ""),
+        len(files),
+        (),
+        len(images),
+    )
+
+
 def recognise(root: Path, data: dict[str, dict] | None = None) -> Recognition:
     """The image the tree at `root` (the directory holding vllm/) is."""
     images = load() if data is None else data
