@@ -102,13 +102,14 @@ def render(entries: dict[str, dict]) -> str:
 
 
 def write(
-    git_dir: Path, commits: list[str], path: Path = images.DATA
+    git_dir: Path, commits: list[str], path: Path | None = None
 ) -> tuple[Path, list[str], list[str]]:
     """Regenerate the data from `git_dir`: the images it holds and those
     given ("<commit>=<tag>"; a short hash of 7 names each). Returns the
     file, the images read, the images kept as they were (not in the dir)."""
     if not Path(git_dir).is_dir():
         raise Refusal(f"{git_dir}: not a directory (give an intel/llm-scaler git dir)")
+    path = path or images.DATA
     existing = images.load(path)
     names = {short: entry["name"] for short, entry in existing.items()}
     for given in commits:

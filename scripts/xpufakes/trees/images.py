@@ -22,8 +22,10 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def load(path: Path = DATA) -> dict[str, dict]:
-    """short commit -> the image's entry (name, commit, vllm, files)."""
+def load(path: Path | None = None) -> dict[str, dict]:
+    """short commit -> the image's entry (name, commit, vllm, files), from
+    `path` (else DATA)."""
+    path = path or DATA
     return tomllib.loads(path.read_text()) if path.is_file() else {}
 
 
