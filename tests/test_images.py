@@ -115,11 +115,11 @@ def test_the_esimd_facts_are_the_recognised_images():
         assert chosen == short and "data/images.toml" in said, said
     # negative controls: no image, or one whose package the data lacks
     # (b6 builds 0.10.2, before the package): today's rule, said so
-    newest = max(
+    by_release = max(
         (c for c in commits if commits[c]["vllm"] == "0.21.0"),
         key=lambda c: commits[c]["date"],
     )
-    assert newest == B31
+    assert by_release == B31
     chosen, said = schematruth.choose_commit(commits, "0.21.0", None)
     assert chosen == B31 and "builds vLLM 0.21.0" in said
     unknown = images.Recognition(None, known=6)
@@ -145,7 +145,7 @@ def test_a_tree_recognised_as_b18beee_takes_b18beees_facts(tmp_path, monkeypatch
     entry's files made from the tree: the real ids are b18beee's only on its
     real tree, tests/test_llm_scaler_trees.py) is recognised as b18beee,
     and schema truth, the ESIMD stand-ins and the limits take b18beee's
-    commit, not the newest image of 0.21.0 (b3.1)."""
+    commit, not the last image of the data built on that release (b3.1)."""
     root = tmp_path / "t"
     (root / "vllm").mkdir(parents=True)
     files = {f"vllm/{n}.py": f"{n} = 1\n".encode() for n in "abc"}
