@@ -77,7 +77,8 @@ HEADER = """\
 # release its vllm/docker/Dockerfile builds (vllm_from), its vLLM patch
 # (path, git blob) and, under [<commit>.files], the git blob id of each file
 # under vllm/ the patch leaves (its `index <pre>..<post>` lines, abbreviated
-# as there). A tree whose files all carry an image's ids is that image.
+# as there). A tree whose files all carry an image's ids is that image;
+# more than half, a modified one.
 #
 # Written by `make images GIT=<an intel/llm-scaler git dir>
 # [COMMITS="<commit>=<tag> ..."]` (changes/imagefacts.py) from the commits

@@ -2,8 +2,10 @@
 `make images`, changes/imagefacts.py): for each image the data knows, the
 git blob id of every file under vllm/ its vLLM patch leaves (the patch's
 `index <pre>..<post>` lines). A tree is an image if all of that image's
-files carry its blob ids; a modified image if only some do (the image with
-the largest share matching; which differ are said); else no known image.
+files carry its blob ids; a modified image if more than half do (the image
+with the largest share matching; which differ are said: `make apply` edits
+some); else no known image (a pristine release may carry a file or two of
+an image's, a change vLLM took later: 0.33.0 has 1 of b18beee's 87).
 The blob ids are computed as `git hash-object` does (sha1 of
 "blob <length>\\0" and the bytes): no git, each file read once."""
 
