@@ -180,10 +180,10 @@ class Result:
     kernels: str
     reports: list[OpReport]
     untraceable: list[reach.Finding]
+    image: "images.Recognition | None" = None  # the image it is (trees/images.py)
     models: list[dict] | None = None  # MODEL=: each model proof's result
     plugin: "PluginReport | None" = None  # the installed vLLM plugin
     truth: "schematruth.Truth | None" = None  # schema truth (schematruth.py)
-    image: "images.Recognition | None" = None  # the image it is (trees/images.py)
 
     @property
     def reached(self) -> list[reach.Finding]:
@@ -296,7 +296,6 @@ def audit(
     ipex = kernels.IPEX in standins
     untraceable = reach.find(sources, declared, prefer=prefer, ipex=ipex, parsed=parsed)
     result = Result(standins, reports(sites, declared, checked, state), untraceable)
-    result.image = images.recognise(found.root)
     routing = None
     if installed is not None:  # the plugin's contracts, read from its files
         module = installed.directory / installed_plugin.PACKAGE / "_xpu_opaque_calls.py"
@@ -309,6 +308,7 @@ def audit(
             routing = schematruth.Routing(
                 schematruth.contracts_of(module.read_text()), by, False
             )
+    result.image = images.recognise(found.root)
     result.truth = schematruth.check(
         sources, _version(found), parsed, plugin=routing, image=result.image
     )
@@ -523,7 +523,6 @@ def to_json(found: tree.Tree, result: Result) -> str:
             "tree": str(found.root),
             "shape": found.shape,
             "kernels": result.kernels,
-            "image": result.image.to_json() if result.image else None,
             "ops": [
                 asdict(r) | {"verdict": r.verdict, "traced": r.traced}
                 for r in result.reports
@@ -550,6 +549,7 @@ def to_json(found: tree.Tree, result: Result) -> str:
                 if result.truth is not None
                 else {}
             ),
+            "image": result.image.to_json() if result.image else None,
             "warnings": result.warnings,
             "ok": not result.failing,
         },
