@@ -21,7 +21,7 @@ export XPUFAKES_VLLM
 unexport VLLM
 
 .DEFAULT_GOAL := help
-.PHONY: help apply check revert status plugin fetch fetch-all pins ops esimd-schemas schema-contracts refresh overlay-history export stage verify-xpu audit bench test \
+.PHONY: help apply check revert status plugin fetch fetch-all pins ops esimd-schemas images schema-contracts refresh overlay-history export stage verify-xpu audit bench test \
 	test-all test-tree catalog catalog-llm-scaler venv venv-tree lint need-vllm need-pin e2e e2e-venvs e2e-lock
 
 help:  ## list the verbs
@@ -74,6 +74,10 @@ ops:  ## write the copies of the op facts (data/fakes.toml, op_schemas.toml) whe
 esimd-schemas:  ## maintainers: data/esimd_schemas.toml from an intel/llm-scaler git dir (GIT=dir [COMMITS="b18beee ..."])
 	@test -n "$(GIT)" || { echo "error: give the intel/llm-scaler git dir: GIT=dir" >&2; exit 2; }
 	@$(TOOL) esimd-schemas "$(GIT)" $(COMMITS)
+
+images:  ## maintainers: data/images.toml (the llm-scaler images audit recognises) from a git dir (GIT=dir [COMMITS="25095b4=0.21.0-b3.1 ..."])
+	@test -n "$(GIT)" || { echo "error: give the intel/llm-scaler git dir: GIT=dir" >&2; exit 2; }
+	@$(TOOL) images "$(GIT)" $(COMMITS)
 
 schema-contracts:  ## maintainers: data/schema_contracts.toml, the fix's contracts of the ops whose schemas lie (TREES="tree ...")
 	@test -n "$(TREES)" || { echo "error: give the trees: TREES=\"dir ...\"" >&2; exit 2; }

@@ -28,7 +28,7 @@ LAYERS = {
     # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
     "trees": [
         "index names",
-        "natives pins wheel pysource kernelcxx",
+        "natives pins wheel pysource kernelcxx images",
         "pinfacts",
         "record fetch",
         "tree compiled",
@@ -39,7 +39,7 @@ LAYERS = {
         "recipes",
         "series history",
         "engine kernels export opfacts esimdfacts",
-        "base live authoring",
+        "base live authoring imagefacts",
         "ourlines",
     ],
     # the proof and the audit, in rooms: the static audit (source text, no

@@ -26,6 +26,7 @@ from xpufakes.changes import kernels as xkernels
 from xpufakes.common import paths
 from xpufakes.proof import audit
 from xpufakes.proof.model import catalog as catalog_run
+from xpufakes.trees import images
 from xpufakes.trees import tree as xtree
 
 GIT_DIR = os.environ.get("XPUFAKES_LLM_SCALER", "")
@@ -68,7 +69,9 @@ def rebuild(commit: str, root: Path) -> Path:
     return root
 
 
-def reached(tree: Path) -> tuple[int, list[str]]:
+def reached(tree: Path) -> tuple[int, list[str], dict]:
+    """The static audit's status, the reached calls Dynamo cannot trace,
+    and the image it names (trees/images.py)."""
     result = tool.run("audit", str(tree), "--json", "--static")
     report = json.loads(result.stdout)
     found = [
@@ -76,7 +79,7 @@ def reached(tree: Path) -> tuple[int, list[str]]:
         for f in report["untraceable"]
         if f["reached"]
     ]
-    return result.returncode, found
+    return result.returncode, found, report["image"]
 
 
 def trace(tree: Path, tmp_path: Path) -> str:
@@ -93,8 +96,9 @@ def trace(tree: Path, tmp_path: Path) -> str:
 @pytest.mark.parametrize("commit", list(TREES))
 def test_llm_scaler_tree(commit, tmp_path, record_property):
     tree = rebuild(commit, tmp_path / commit)
-    status, before = reached(tree)
+    status, before, image = reached(tree)
     record_property("unpatched", before)
+    assert image["image"] == commit and image["exact"], image  # the audit names it
     if commit in ("b5571c3", "c1377ce"):
         rope = trace(tree, tmp_path)
         record_property("rope unpatched", rope[:80])
@@ -107,8 +111,9 @@ def test_llm_scaler_tree(commit, tmp_path, record_property):
             assert rope == "traced"
     applied = tool.run("apply", str(tree))
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    _, after = reached(tree)  # --static: the fakes' own verdicts need torch
+    _, after, image = reached(tree)  # --static: the fakes' own verdicts need torch
     assert after == [], after
+    assert image["image"] == commit, image  # apply's edits: still the image
     if commit == "b5571c3":
         assert trace(tree, tmp_path) == "traced"
         audit = tool.run("audit", str(tree))  # fakes loaded: the whole verdict
@@ -315,6 +320,68 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
     )
 
 
+# Which image each tree is (trees/images.py, data/images.toml): the audit
+# names it, by the blob ids of the files its vLLM patch leaves; `make apply`
+# edits some of them (a modified image, still it). Skipped for a commit the
+# git dir lacks (c1377ce is intel/llm-scaler's, not the fork's).
+
+
+def _has(commit: str) -> bool:
+    done = subprocess.run(
+        ["git", "--git-dir", GIT_DIR, "rev-parse", "-q", "--verify"]
+        + [f"{commit}^{{commit}}"],
+        capture_output=True,
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("commit", list(TREES))
+def test_the_audit_names_the_image(commit, tmp_path, record_property):
+    if not _has(commit):
+        pytest.skip(f"{GIT_DIR} has no {commit}")
+    tree = rebuild(commit, tmp_path / commit)
+    start = time.monotonic()
+    found = images.recognise(tree)
+    record_property(
+        "recognised", f"{found.describe()} ({time.monotonic() - start:.2f} s)"
+    )
+    assert found.exact and found.image == commit, found.describe()
+    done = tool.run("audit", str(tree), "--static")
+    line = done.stdout.splitlines()[1]
+    record_property("audit", line)
+    assert line == f"Image: {found.describe()}", line
+    entry = images.load()[commit]
+    assert entry["vllm"] == TREES[commit][0], entry["vllm"]
+    truth = [s for s in done.stdout.splitlines() if "data/esimd_schemas.toml" in s]
+    if commit in esimdfacts_commits():  # its ESIMD facts, not the release's newest
+        assert truth and f"llm-scaler {commit} (the tree is" in truth[0], truth
+    # negative control: one of its files changed, a modified image
+    changed = sorted(entry["files"])[0]
+    with (tree / changed).open("a") as f:
+        f.write("# changed\n")
+    modified = images.recognise(tree)
+    assert modified.image == commit and modified.differ == (changed,)
+
+
+def esimdfacts_commits() -> set[str]:
+    from xpufakes.changes import esimdfacts
+
+    return set(esimdfacts.load())
+
+
+def test_the_image_data_is_what_the_clone_says():
+    """data/images.toml's images that the git dir holds are what `make
+    images` reads from it (the others, kept, are another clone's)."""
+    from xpufakes.changes import imagefacts
+
+    committed = images.load()
+    held = [short for short in committed if _has(short)]
+    assert held
+    for short in held:
+        entry = committed[short]
+        assert imagefacts.read(Path(GIT_DIR), short, entry["name"]) == entry, short
+
+
 # Schema truth on the image's own tree (proof/static/schematruth.py): b18beee's
 # ESIMD ops whose schemas hide their writes, which its 0.21.0 tree calls on
 # the traced path, found with their evidence; and the committed data of the
@@ -375,7 +442,8 @@ def test_b18beee_schema_truth(tmp_path):
         "lambda input, weight, weight_scale, output, block_n, block_k:\n"
         "                  output)",
     )
-    fixed = {o.op: o for o in schematruth.check(texts, "0.21.0").ops}
+    b18beee = images.as_image("b18beee")
+    fixed = {o.op: o for o in schematruth.check(texts, "0.21.0", image=b18beee).ops}
     assert {x.kind for x in fixed[BLOCK_FP8].lies} == {"a", "b"}
 
 

@@ -267,7 +267,14 @@ def test_a_limit_of_an_image_covers_its_tree_and_never_the_plain_release():
     esimd = {"vllm/layers/esimd_fake_ops.py": "import custom_esimd_kernels_vllm"}
     plain = {"vllm/platforms/xpu.py": "class XPUPlatform: ..."}
     routing = {"vllm/_xpu_opaque_calls.py": "'custom_esimd_kernels_vllm::esimd_x'"}
-    assert limits.image_of(plain | esimd, "0.21.0") == "b18beee"
+    # no tree to recognise (trees/images.py): the last image of the data
+    # that builds the release
+    commits = esimdfacts.load()
+    by_release = max(
+        (c for c in commits if commits[c]["vllm"] == "0.21.0"),
+        key=lambda c: commits[c]["date"],
+    )
+    assert limits.image_of(plain | esimd, "0.21.0") == by_release != ""
     assert limits.image_of(plain, "0.21.0") == ""
     assert limits.image_of(plain | routing, "0.21.0") == ""
     assert limits.image_of(plain | esimd, "0.22.0") == ""

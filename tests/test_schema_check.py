@@ -21,7 +21,7 @@ from support import releases
 from xpufakes.common import paths
 from xpufakes.proof import verify
 from xpufakes.proof.static import schematruth
-from xpufakes.trees import tree
+from xpufakes.trees import images, tree
 
 cases = verify.schemacases
 check = verify.schemacheck
@@ -44,7 +44,8 @@ def _found(ops: list) -> dict[str, dict[str, list[str]]]:
 def _data_lies(data=None) -> dict[str, dict[str, list[str]]]:
     """The lies the data shows (the C++), for a tree of the b18beee image."""
     package = schematruth.ESIMD_PACKAGE
-    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0", data)
+    image = images.as_image(verify.CASES_IMAGE)
+    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0", data, image)
     return _found(
         [
             schematruth.OpTruth(f, schematruth._lies(f, [], [], None), [])
@@ -105,7 +106,8 @@ def test_the_findings_are_schema_truths_and_each_has_a_case_or_a_reason():
 
 def test_the_cited_lines_are_the_datas():
     package = schematruth.ESIMD_PACKAGE
-    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0")
+    image = images.as_image(verify.CASES_IMAGE)
+    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0", image=image)
     for op, lines in cases.WHERE.items():
         f = facts[op]
         assert lines == sorted({e["at"] for e in f.writes + f.returns}), op

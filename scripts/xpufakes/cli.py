@@ -10,7 +10,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from xpufakes.changes import authoring, esimdfacts, export, history, opfacts, selection
+from xpufakes.changes import (
+    authoring,
+    esimdfacts,
+    export,
+    history,
+    imagefacts,
+    opfacts,
+    selection,
+)
 from xpufakes.common import errors, streams
 from xpufakes.common.errors import Refusal
 from xpufakes.proof import audit, schemacontracts, verify
@@ -176,6 +184,14 @@ def cmd_esimd_schemas(args) -> int:
     return errors.OK
 
 
+def cmd_images(args) -> int:
+    path, read, kept = imagefacts.write(Path(args.git_dir), args.commits)
+    print(f"wrote {path}: {', '.join(read)}")
+    if kept:
+        print(f"kept as they were (not in {args.git_dir}): {', '.join(kept)}")
+    return errors.OK
+
+
 def cmd_schema_contracts(args) -> int:
     path, count = schemacontracts.write(args.trees)
     print(f"wrote {path}: {count} contract(s)")
@@ -330,6 +346,13 @@ def _parser() -> argparse.ArgumentParser:
         "write data/esimd_schemas.toml from an intel/llm-scaler git dir",
         ("git_dir", {"metavar": "GIT_DIR"}),
         ("commits", {"nargs": "*", "metavar": "COMMIT"}),
+    )
+    verb(
+        "images",
+        cmd_images,
+        "write data/images.toml from an intel/llm-scaler git dir",
+        ("git_dir", {"metavar": "GIT_DIR"}),
+        ("commits", {"nargs": "*", "metavar": "COMMIT[=TAG]"}),
     )
     verb(
         "schema-contracts",

@@ -34,7 +34,7 @@ from xpufakes.proof.model import report as model_report
 from xpufakes.proof.model import runner as model_runner
 from xpufakes.proof.static import reach, scan, schematruth
 from xpufakes.proof.static.scan import IF_ENABLED, TRACED, CallSite
-from xpufakes.trees import pins, tree
+from xpufakes.trees import images, pins, tree
 
 UNKNOWN_NAMESPACE = "unknown namespace"
 SCHEMAS = paths.DATA / "op_schemas.toml"
@@ -180,6 +180,7 @@ class Result:
     kernels: str
     reports: list[OpReport]
     untraceable: list[reach.Finding]
+    image: "images.Recognition | None" = None  # the image it is (trees/images.py)
     models: list[dict] | None = None  # MODEL=: each model proof's result
     plugin: "PluginReport | None" = None  # the installed vLLM plugin
     truth: "schematruth.Truth | None" = None  # schema truth (schematruth.py)
@@ -312,7 +313,10 @@ def audit(
             routing = schematruth.Routing(
                 schematruth.contracts_of(module.read_text()), by, False
             )
-    result.truth = schematruth.check(sources, _version(found), parsed, plugin=routing)
+    result.image = images.recognise(found.root)
+    result.truth = schematruth.check(
+        sources, _version(found), parsed, plugin=routing, image=result.image
+    )
     if installed is not None:
         cautions = [
             c
@@ -389,7 +393,8 @@ def reports(
 
 def table(found: tree.Tree, result: Result) -> str:
     kernels, reports = result.kernels, result.reports
-    lines = [f"vLLM tree {found.root} ({found.shape}); stand-in kernels: {kernels}", ""]
+    lines = [f"vLLM tree {found.root} ({found.shape}); stand-in kernels: {kernels}"]
+    lines += [image_line(result.image, _version(found)), ""]
     for r in reports:
         returns = {
             True: "returns a tensor",
@@ -472,6 +477,19 @@ def table(found: tree.Tree, result: Result) -> str:
     return "\n".join(lines)
 
 
+def image_line(image: "images.Recognition | None", version: str) -> str:
+    """The image the tree is, or what the audit takes it for."""
+    if image is not None and image.modified:
+        return f"Image: {image.describe()}; taken as that image"
+    if image is not None and image.image is not None:
+        return f"Image: {image.describe()}"
+    said = image.describe() if image is not None else "not recognised"
+    return (
+        f"Image: {said}; assumed: vLLM {version or '(release unknown)'}'s kernels, "
+        "an ESIMD package's facts (if it loads one) chosen by that release"
+    )
+
+
 def untraceable_lines(
     findings: list[reach.Finding], covered: set[str] = frozenset()
 ) -> list[str]:
@@ -550,6 +568,7 @@ def to_json(found: tree.Tree, result: Result) -> str:
                 if result.truth is not None
                 else {}
             ),
+            "image": result.image.to_json() if result.image else None,
             "warnings": result.warnings,
             "ok": not result.failing,
         },

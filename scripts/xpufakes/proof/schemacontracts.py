@@ -20,7 +20,7 @@ from pathlib import Path
 from xpufakes.common import opschema, paths
 from xpufakes.common.errors import Refusal
 from xpufakes.proof.static import schematruth
-from xpufakes.trees import tree
+from xpufakes.trees import images, tree
 
 DATA = paths.DATA / "schema_contracts.toml"
 
@@ -198,7 +198,8 @@ def write(trees: list[str]) -> tuple[Path, int]:
             version = tree.detect_version(found)[0]
         except Refusal:
             version = ""  # the release only picks the image's package
-        truth = schematruth.check(texts, version)
+        image = images.recognise(found.root)  # picks the image's ESIMD facts
+        truth = schematruth.check(texts, version, image=image)
         each.append(contracts(truth, label_of(found, truth)))
     found = merged(each)
     text = render(found)

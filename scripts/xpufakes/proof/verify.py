@@ -286,13 +286,21 @@ def schema_truth(into: SchemaTruth, standins: bool, full: bool = True) -> Schema
     return into
 
 
+# the llm-scaler image whose ESIMD package the schema cases are read from
+# (schemacases.py; data/esimd_schemas.toml, data/images.toml)
+CASES_IMAGE = "b18beee"
+
+
 def _schema_texts() -> dict[str, str]:
     """The schemas of the findings' ops, as the data has them: llm-scaler's
-    at the image commit that builds vLLM 0.21.0 (b18beee), vllm-xpu-kernels'."""
+    at the image commit the cases are read from (b18beee, vLLM 0.21.0),
+    vllm-xpu-kernels'."""
     from xpufakes.proof.static import schematruth
+    from xpufakes.trees import images
 
     package = schematruth.ESIMD_PACKAGE
-    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0")
+    image = images.as_image(CASES_IMAGE)
+    facts, *_ = schematruth.kernel_facts({"": package}, "0.21.0", image=image)
     return {op: f.text for op, f in facts.items()}
 
 

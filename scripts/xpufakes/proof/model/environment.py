@@ -51,7 +51,7 @@ def setup(tree: Path, standins: str, esimd_truthful: bool = False) -> list:
     # intel/llm-scaler's ESIMD kernel package, from its schemas (data), with
     # CPU kernels that compute (esimd.py): for a tree of an image that loads it
     if _loads_esimd(tree):
-        esimd_ops, said = esimd.install(_version(tree), esimd_truthful)
+        esimd_ops, said = esimd.install(_version(tree), esimd_truthful, tree)
         kept += esimd_ops
         if said:
             HELPERS.append(said)
@@ -87,7 +87,7 @@ def setup(tree: Path, standins: str, esimd_truthful: bool = False) -> list:
         # of an ESIMD-loading tree builds them (xpu_moe.py): the MoE path runs
         if _loads_esimd(tree):
             version = _version(tree)
-            moe_ops, said = xpu_moe.install(esimd.commit_for(version)[0], version)
+            moe_ops, said = xpu_moe.install(esimd.commit_for(version, tree)[0], version)
             kept += moe_ops
             if said:
                 HELPERS.append(said)

@@ -20,7 +20,8 @@ tree's limit only if
 A limit of an intel/llm-scaler image's tree that its base release does not
 have is keyed to the image too (`image`: the image commit, as
 data/esimd_schemas.toml knows it): it covers that image's rebuilt tree
-(image_of) and never the plain release.
+(image_of: the image trees/images.py recognises it as) and never the plain
+release.
 
 Every other cell that fails, fails. A listed limit that no longer happens is
 reported as such (the cell's `limit_gone`). A limit of the proof itself
@@ -42,7 +43,7 @@ from xpufakes.proof.model.report import (
     TREE_LIMIT,
 )
 from xpufakes.proof.static.schematruth import ESIMD_PACKAGE, ROUTING_MODULE
-from xpufakes.trees import pins
+from xpufakes.trees import images, pins
 from xpufakes.trees import tree as trees
 
 LIMITS = paths.DATA / "limits.toml"
@@ -106,16 +107,20 @@ def tree_name(root: Path) -> str:
         return ""
 
 
-def image_of(texts: dict[str, str], release: str) -> str:
+def image_of(texts: dict[str, str], release: str, root: Path | None = None) -> str:
     """The intel/llm-scaler image commit whose tree this is (its Python
-    sources, path -> text): of the image commits data/esimd_schemas.toml
-    knows, the newest whose image builds `release`, where the tree's Python
-    names the image's ESIMD package (a plain release never does; the fix's
-    own module, which names it in its contracts, is not the tree's); "" for
-    any other tree."""
+    sources, path -> text), where the tree's Python names the image's ESIMD
+    package (a plain release never does; the fix's own module, which names
+    it in its contracts, is not the tree's): the image the tree at `root`
+    is (trees/images.py, a modified one too), else, of the image commits
+    data/esimd_schemas.toml knows, the newest whose image builds `release`;
+    "" for any other tree."""
     own = (t for p, t in texts.items() if p != ROUTING_MODULE)
     if not release or not any(ESIMD_PACKAGE in text for text in own):
         return ""
+    recognised = images.recognise(root).image if root is not None else None
+    if recognised is not None:
+        return recognised
     commits = esimdfacts.load()
     same = [c for c in commits if commits[c].get("vllm") == release]
     return max(same, key=lambda c: commits[c].get("date", ""), default="")
@@ -128,7 +133,7 @@ def classify_tree(found: list[dict], root: Path) -> list[dict]:
     texts = trees.python_sources(root)
     name = tree_name(root)
     ours = ourlines.ours(root, live.edited_by_us(texts))
-    return classify(found, name, ours, image=image_of(texts, name))
+    return classify(found, name, ours, image=image_of(texts, name, root))
 
 
 def classify(

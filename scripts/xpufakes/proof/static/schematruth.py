@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from xpufakes.common import opschema, paths
 from xpufakes.proof.static import pathconditions, reach, treeops
+from xpufakes.trees import images
 from xpufakes.trees.pysource import SourceTree, statements
 
 SCHEMAS = paths.DATA / "op_schemas.toml"
@@ -204,11 +205,14 @@ def load_data() -> dict[str, dict]:
 
 
 def kernel_facts(
-    texts: dict[str, str], version: str, given: dict[str, dict] | None = None
+    texts: dict[str, str],
+    version: str,
+    given: dict[str, dict] | None = None,
+    image: images.Recognition | None = None,
 ) -> tuple[dict[str, Facts], dict[str, treeops.Wrapper], list[str], list[str]]:
     """(op -> Facts, wrapper name -> Wrapper, the sources said, warnings)
     for the kernel packages a tree of that release may load (`given`: the
-    data, as load_data() reads it)."""
+    data, as load_data() reads it; `image`: the image the tree is)."""
     given = given if given is not None else load_data()
     facts: dict[str, Facts] = {}
     data = given["op_schemas"]
@@ -241,7 +245,7 @@ def kernel_facts(
     # contracts: the tree loads it only if one of its own files does
     if any(ESIMD_PACKAGE in t for p, t in texts.items() if p != ROUTING_MODULE):
         commits = given["esimd"]
-        short, said = choose_commit(commits, version)
+        short, said = choose_commit(commits, version, image)
         if short is None:
             warnings.append(
                 f"the tree loads {ESIMD_PACKAGE} and data/esimd_schemas.toml has "
@@ -249,7 +253,8 @@ def kernel_facts(
             )
         else:
             sources.append(f"data/esimd_schemas.toml: llm-scaler {short} ({said})")
-            if "newest" in said:
+            by_image = image is not None and image.image == short
+            if commits[short].get("vllm") != version and not by_image:
                 warnings.append(
                     f"{ESIMD_PACKAGE}: no image commit of the data builds vLLM "
                     f"{version}; checked against {short}'s package"
@@ -280,16 +285,31 @@ def kernel_facts(
     return facts, wrappers, sources, warnings
 
 
-def choose_commit(commits: dict[str, dict], version: str) -> tuple[str | None, str]:
-    """The image commit whose package a tree of `version` loads: the newest
-    that builds that release, else the newest of all (said)."""
+def choose_commit(
+    commits: dict[str, dict],
+    version: str,
+    image: images.Recognition | None = None,
+) -> tuple[str | None, str]:
+    """The image commit whose package a tree of `version` loads: the image
+    the tree is (`image`, trees/images.py; a modified one too), if the data
+    has its package; else the newest that builds that release, else the
+    newest of all (said, with why the image did not decide)."""
     if not commits:
         return None, ""
+    if image is not None and image.image in commits:
+        what = image.name if image.exact else f"a modified {image.name}"
+        return image.image, f"the tree is {what}: data/images.toml"
+    if image is None:
+        why = ""
+    elif image.image is None:
+        why = "the tree is no image data/images.toml knows; "
+    else:
+        why = f"the tree is {image.name}, whose package the data lacks; "
     by_date = sorted(commits, key=lambda c: commits[c].get("date", ""))
     same = [c for c in by_date if commits[c].get("vllm") == version]
     if same:
-        return same[-1], f"its image builds vLLM {version}"
-    return by_date[-1], "the newest in the data"
+        return same[-1], f"{why}the newest image of the data that builds vLLM {version}"
+    return by_date[-1], f"{why}the newest in the data"
 
 
 # ---------------------------------------------------------------------------
@@ -384,12 +404,14 @@ def check(
     parsed: dict | None = None,
     data: dict[str, dict] | None = None,
     plugin: Routing | None = None,
+    image: images.Recognition | None = None,
 ) -> Truth:
     """Schema truth for a tree (texts: path -> source of vllm/; `data`: the
     schema data, as load_data() reads it; `plugin`: the installed plugin's
-    contracts, which count on a tree `make apply` has not patched)."""
+    contracts, which count on a tree `make apply` has not patched; `image`:
+    the image the tree is, trees/images.py, which picks its ESIMD facts)."""
     start, cpu = time.monotonic(), time.process_time()
-    facts, wrappers, sources, warnings = kernel_facts(texts, version, data)
+    facts, wrappers, sources, warnings = kernel_facts(texts, version, data, image)
     routings = []
     if ROUTING_MODULE in texts:
         routings.append(

@@ -16,11 +16,13 @@ import keyword
 import sys
 import tomllib
 import types
+from pathlib import Path
 
 from xpufakes.common import paths
 from xpufakes.proof.static.schematruth import ESIMD_PACKAGE, choose_commit
 from xpufakes.proof.xpu import defining, esimd_kernels
 from xpufakes.proof.xpu.packages import _DownstreamName
+from xpufakes.trees import images
 
 DATA = paths.DATA / "esimd_schemas.toml"
 # the truthful control's ops: a namespace of their own, so that the tree's
@@ -31,11 +33,13 @@ TRUTHFUL = "xpufakes_esimd_truthful"
 CONTRACTS = paths.DATA / "schema_contracts.toml"
 
 
-def commit_for(version: str) -> tuple[str | None, dict]:
+def commit_for(version: str, root: Path | None = None) -> tuple[str | None, dict]:
     """The image commit of the data for a tree of that vLLM release (the
-    one whose image builds it, else the newest) and its entry."""
+    image the tree at `root` is, trees/images.py, else the one whose image
+    builds that release, else the newest) and its entry."""
     commits = tomllib.loads(DATA.read_text())
-    short, _ = choose_commit(commits, version)
+    image = images.recognise(root) if root is not None else None
+    short, _ = choose_commit(commits, version, image)
     return short, commits.get(short, {})
 
 
@@ -168,13 +172,16 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def install(version: str, truthful: bool = False) -> tuple[list, str]:
+def install(
+    version: str, truthful: bool = False, root: Path | None = None
+) -> tuple[list, str]:
     """The stand-in package for a tree of that vLLM release, its ops
     defined. `truthful`: the control, in which the ops whose schemas lie
     (data/schema_contracts.toml) declare what they write and return
     nothing, and their wrappers give what the kernel returned. Returns
-    (what to keep referenced, what it is: said in the report's stand-ins)."""
-    short, entry = commit_for(version)
+    (what to keep referenced, what it is: said in the report's stand-ins;
+    `root`: the tree, whose image picks the package's commit)."""
+    short, entry = commit_for(version, root)
     if short is None:
         return [], ""
     contracts = truthful_contracts() if truthful else {}
