@@ -135,6 +135,7 @@ CALLEE_RETURNS = {
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": "output",
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": "output",
     "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": "q_out",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp16_gelu_mul": "output",
 }
 
 # IPEX's weight-only-quantized linear module class, whose from_weight()

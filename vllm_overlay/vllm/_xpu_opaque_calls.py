@@ -485,6 +485,12 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
         ("q_out", "gate_out", "k_out", "v_out"),
         "",
     ),
+    "custom_esimd_kernels_vllm.esimd_gemv_fp16_gelu_mul": (
+        "esimd_gemv_fp16_gelu_mul",
+        ("Tensor input", "Tensor weight", "Tensor output"),
+        ("output",),
+        "",
+    ),
 }
 
 # callee -> what it gives its caller: "" nothing, a parameter's name (that
@@ -528,6 +534,7 @@ CALLEE_RETURNS: dict[str, str] = {
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": "output",
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": "output",
     "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": "q_out",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp16_gelu_mul": "output",
 }
 
 _TYPES = {

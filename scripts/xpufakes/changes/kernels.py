@@ -9,9 +9,12 @@ from pathlib import Path
 
 from xpufakes.changes import recipes
 from xpufakes.common import ops, paths
-from xpufakes.trees import pins, tree
+from xpufakes.trees import images, pins, tree
 
 XPU_KERNELS, IPEX = "vllm-xpu-kernels", "intel-extension-for-pytorch"
+# a downstream image's own build of the ops its kernels patch changes
+# (proof/xpu/image_kernels.py), named by the image's llm-scaler commit
+IMAGE_KERNELS = "llm-scaler-kernels"
 REFERENCE = paths.OVERLAY / recipes.TREE_TEST_REFERENCE
 
 
@@ -55,19 +58,21 @@ def newest_xpu_kernels() -> str:
 
 def of_tree(root: Path, pin: pins.Pin | None = None) -> str:
     """The stand-in kernels for a tree: its requirements/xpu.txt, else its
-    pinned release's, else the newest release of its era's package."""
+    pinned release's, else the newest release of its era's package; a known
+    image's own build of the ops its kernels patch changes first."""
     requirements = root / "requirements" / "xpu.txt"
     if requirements.is_file():
         found = from_requirements(requirements.read_text(errors="replace"))
         if found:
-            return found
+            return with_image(root, found)
     if pin is not None and pin.kernels:
-        return pin.kernels
+        return with_image(root, pin.kernels)
     era, _ = tree.files_era(root)
-    return (
+    return with_image(
+        root,
         f"{XPU_KERNELS} {newest_xpu_kernels()}"
         if era == pins.KERNELS
-        else f"{IPEX} xpu"
+        else f"{IPEX} xpu",
     )
 
 
@@ -84,3 +89,24 @@ def is_mixed(kernels: str, sources: dict[str, str]) -> bool:
 def standins(kernels: str, mixed: bool) -> str:
     """`kernels`, plus vllm-xpu-kernels' newest release for a mixed tree."""
     return f"{kernels}; {XPU_KERNELS} {newest_xpu_kernels()}" if mixed else kernels
+
+
+def image_builds(commit: str) -> list[str]:
+    """The ops whose schema the image's kernels patch changes
+    (data/fakes.toml `also`, by `image`)."""
+    return [
+        op["name"]
+        for op in ops.FAKES
+        for also in op.get("also", ())
+        if also.get("image") == commit
+    ]
+
+
+def with_image(root: Path, kernels: str) -> str:
+    """`kernels`, after the image's own build of the ops its kernels patch
+    changes, where the tree is a known image (trees/images.py) that has one:
+    the proof then meets the image's schemas."""
+    recognised = images.recognise(root)
+    if recognised.image and image_builds(recognised.image) and XPU_KERNELS in kernels:
+        return f"{IMAGE_KERNELS} {recognised.image}; {kernels}"
+    return kernels

@@ -189,6 +189,15 @@ class Result:
     own_fakes: list[str] = field(default_factory=list)
 
     @property
+    def own_fakes_unknown(self) -> list[str]:
+        """The tree's own fakes of ops whose schema in the tree's image is
+        none we know: the image is not recognised, or its kernels patch
+        does not change the op as far as the data knows."""
+        image = self.image.image if self.image is not None else None
+        covered = set(kernels.image_builds(image)) if image else set()
+        return [op for op in self.own_fakes if op not in covered]
+
+    @property
     def reached(self) -> list[reach.Finding]:
         """The reached calls Dynamo cannot trace that nothing fixes (the
         installed plugin rebinds the callees it reports)."""
@@ -215,7 +224,7 @@ class Result:
             for r in self.reports
             if r.verdict.startswith(("warn", "unknown", "unverified", "lies"))
         ]
-        said += [own_fake_warning(op) for op in self.own_fakes]
+        said += [own_fake_warning(op) for op in self.own_fakes_unknown]
         if self.truth is not None:
             said += [f"{c.op}: schema unknown" for c in self.truth.unknown]
             said += [
@@ -417,7 +426,13 @@ def table(found: tree.Tree, result: Result) -> str:
             lines.append(f"    {s.file}:{s.line} {s.function}{via} [{s.context}]")
     covered = set(result.plugin.state.get("rebound", [])) if result.plugin else set()
     if result.own_fakes:
-        lines += ["", *(f"warn: {own_fake_warning(op)}" for op in result.own_fakes)]
+        unknown = result.own_fakes_unknown
+        lines.append("")
+        for op in result.own_fakes:
+            if op in unknown:
+                lines.append(f"warn: {own_fake_warning(op)}")
+            else:
+                lines.append(f"{op}: {own_fake_covered(op, result.image)}")
     lines += ["", *untraceable_lines(result.untraceable, covered)]
     if result.plugin is not None:
         lines += ["", *result.plugin.lines()]
@@ -522,6 +537,17 @@ def untraceable_lines(
             "another platform's code or code nothing calls; --json lists them)"
         )
     return lines
+
+
+def own_fake_covered(op: str, image: "images.Recognition | None") -> str:
+    """What the audit says of a tree's own fake of an op whose schema in the
+    tree's image ours is exact for."""
+    return (
+        f"the tree registers a fake of its own in {recipes.XPU_OPS} for its "
+        f"image's kernels ({image.name if image else '?'}); ours is exact for "
+        "the image's schema and replaces it at start-up once the fix is "
+        "applied (the stand-ins carry that schema)"
+    )
 
 
 def own_fake_warning(op: str) -> str:

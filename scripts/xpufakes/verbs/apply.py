@@ -165,7 +165,10 @@ def by_recipe(
         "nothing changed",
         # the stand-ins of the base release the tree is judged as
         to_prove=ToProve(
-            kernels.standins(detected.pin.kernels, result.mixed), result.sources
+            kernels.with_image(
+                found.root, kernels.standins(detected.pin.kernels, result.mixed)
+            ),
+            result.sources,
         ),
     )
 

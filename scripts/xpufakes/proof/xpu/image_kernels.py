@@ -11,10 +11,11 @@ Needs torch."""
 
 import torch
 
+from xpufakes.changes import kernels
 from xpufakes.common import ops
 from xpufakes.proof.xpu import defining
 
-PACKAGE = "llm-scaler-kernels"
+PACKAGE = kernels.IMAGE_KERNELS
 
 
 def _fp8_gemm_w8a16_grouped(A, B, B_scale, bias, group_size=0):
@@ -94,7 +95,7 @@ def define_image_kernels(commit: str) -> dict:
     schemas and kernels; {"library": ..., "libraries": ..., "ops": [...]}:
     keep the libraries referenced."""
     found = schemas(commit)
-    if not found:
+    if not found:  # (changes/kernels.py names no such image)
         raise ValueError(f"no kernel facts of the image {commit} (data/fakes.toml)")
     libraries: dict[str, torch.library.Library] = {}
     defined = []
