@@ -58,16 +58,11 @@ def _define(schema: str) -> torch.library.Library:
     return library
 
 
-def _import_tree(tree: Path, today: bool = False):
-    """The tree's vllm/_xpu_ops.py imported (its fakes and ours registered);
-    `today`: ours knowing only upstream's schemas, as before this change."""
+def _import_tree(tree: Path):
+    """The tree's vllm/_xpu_ops.py imported (its fakes and ours registered)."""
     sys.dont_write_bytecode = True
     xpu_kernels.stub_xpu_kernel_package()
     sys.path.insert(0, str(tree))
-    if today and (tree / recipes.FAKES_MODULE).is_file():
-        import vllm._xpu_gemm_fakes as fakes
-
-        fakes.SCHEMA_VARIANTS.clear()
     return registering.import_registering_module(None)
 
 
@@ -86,9 +81,10 @@ def _compiled_w8a16(A, B, scale, group):
 
 
 def _remove_every_block(tree: Path, original: str) -> None:
-    """Today's recipe on the tree's vllm/_xpu_ops.py as it was before apply:
-    every `if hasattr(torch.ops._xpu_C, ...)` fake removed, however the tree
-    wrote it."""
+    """Today's apply: its recipe on the tree's vllm/_xpu_ops.py as it was
+    before apply (every `if hasattr(torch.ops._xpu_C, ...)` fake removed,
+    however the tree wrote it), and our fake module without the fakes of
+    downstream builds."""
     body = recipes._statements(original)
     known = {
         f"{ops.XPU_C}::{recipes.xpu_c_gemm_guard(n)}": frozenset(
@@ -104,6 +100,9 @@ def _remove_every_block(tree: Path, original: str) -> None:
     finally:
         recipes._known_tree_fakes = saved
     (tree / recipes.XPU_OPS).write_text(edited)
+    # and ours knowing only upstream's schemas, as it did
+    with (tree / recipes.FAKES_MODULE).open("a") as module:
+        module.write("\nSCHEMA_VARIANTS.clear()  # today's: upstream's schemas only\n")
 
 
 def _cached(name: str, build) -> Path:
@@ -175,7 +174,7 @@ def test_the_image_schema_has_a_fake_of_ours(b31_schema):
 def test_b31_fp8_gemm_w8a16_compiles_as_before_apply(how, b31_schema, b31_trees):
     tree = b31_trees[how]
     library = _define(b31_schema)  # noqa: F841 - keeps the op defined
-    _import_tree(tree, today=how == "today")
+    _import_tree(tree)
     fake = _registered_by(W8A16)
     k, n, g = 256, 384, 128
     B = torch.randn(k, n).to(torch.float8_e4m3fn)
@@ -252,7 +251,7 @@ def test_a_trailing_argument_keeps_the_tree_fake(op, how):
     not know that schema: the tree's fake stays."""
     library = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: F841
     library.define(_trailing(ops.exact_schemas(op)[0]).partition("::")[2])
-    _import_tree(_varied(op, how), today=how == "today")
+    _import_tree(_varied(op, how))
     assert op not in sys.modules["vllm._xpu_gemm_fakes"]._registrations
     assert _registered_by(op) == (None if how == "today" else "_xpu_ops.py")
 
@@ -265,7 +264,7 @@ def test_a_renamed_argument_keeps_the_tree_fake(op, how, b31_schema, b31_trees):
     exact for."""
     library = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: F841
     library.define(_renamed(_b31_live_schema(op, b31_schema)).partition("::")[2])
-    _import_tree(b31_trees[how], today=how == "today")
+    _import_tree(b31_trees[how])
     assert op not in sys.modules["vllm._xpu_gemm_fakes"]._registrations
     assert _registered_by(op) == (None if how == "today" else "_xpu_ops.py")
 
@@ -299,3 +298,25 @@ def _varied_tree(root: Path, op: str) -> Path:
         raise AssertionError(f"no signature end in {gemm}'s block")
     path.write_text("".join(lines))
     return tree
+
+
+@pytest.mark.parametrize("how", ["unpatched", "applied", "today"])
+def test_the_b31_audit_sees_what_the_image_would_do(how, b31_trees):
+    """`make audit` meets the image's schemas (its stand-ins are the
+    image's build, proof/xpu/image_kernels.py): before apply the tree's
+    fake does not conform (it flattens a 3-D activation) and other lies
+    fail; after apply it exits 0; after today's apply the op has no fake,
+    the report's crash, which the audit used to call ok."""
+    result = tool.run("audit", str(b31_trees[how]))
+    out = result.stdout
+    assert "llm-scaler 0.21.0-b3.1 (llm-scaler 25095b4" in out, out[:500]
+    assert "stand-in kernels: llm-scaler-kernels 25095b4; " in out, out[:500]
+    verdict = {
+        "unpatched": f"{W8A16}: FAIL: fake does not conform",
+        "applied": f"{W8A16}: ok",
+        "today": f"{W8A16}: FAIL: no fake",
+    }[how]
+    assert verdict in out.splitlines(), out[-3000:]
+    assert result.returncode == (0 if how == "applied" else 1), out[-3000:]
+    if how == "applied":
+        assert not [line for line in out.splitlines() if line.startswith("FAIL")]
