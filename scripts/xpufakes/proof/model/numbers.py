@@ -278,6 +278,25 @@ class _UninitializedIsNaN:
         inductor_config.allow_buffer_reuse = reuse
 
 
+class _CachesOff:
+    """torch.compile's caches off while the numbers run (torch.compiler's
+    force_disable_caches: Inductor's FX-graph cache, AOT autograd's): their
+    keys do not cover a custom op's fake (make e2e measured a hit reusing
+    code compiled with another fake), and a hit skips the lowering, so a
+    cell would not prove what this tree compiles to."""
+
+    def __enter__(self):
+        import torch.compiler.config as compiler_config
+
+        self.before = compiler_config.force_disable_caches
+        compiler_config.force_disable_caches = True
+
+    def __exit__(self, *exc):
+        import torch.compiler.config as compiler_config
+
+        compiler_config.force_disable_caches = self.before
+
+
 def compare(
     model: model_data.Model,
     configuration: str,
@@ -305,7 +324,7 @@ def compare(
         vllm_config = building.configure(model, directory, configuration)
     except Exception as e:  # noqa: BLE001 - the result
         return result | not_built(e, tree, start) | {"result": NOT_RUN}
-    with set_current_vllm_config(vllm_config), _UninitializedIsNaN():
+    with set_current_vllm_config(vllm_config), _UninitializedIsNaN(), _CachesOff():
         try:
             building.distributed(vllm_config, work)
             built = building.build(model, vllm_config)
