@@ -24,8 +24,8 @@ by token; a router that does not renormalize, or a wrong expert, fails it.
 On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
 has none): the MoE entries compiled = eager at 2048 and 2 tokens (1 token:
 the decode GEMV's dropped write, or Mixtral's eager forward stopping on the
-tree's own dtype mismatch, said so); with the experts' gather dropping its
-write, nothing is compared. The block-fp8 model with N = 192
+tree's own dtype mismatch, a failure, said so); with the experts' gather
+dropping its write, nothing is compared, a failure. The block-fp8 model with N = 192
 (deepseek_v2_fp8_block) takes the ESIMD block GEMM at the start-up's 2048
 tokens: compiled != eager, unpatched; the aligned one (qwen3_fp8_block)
 only below 16 tokens. With the truthful schemas, compiled = eager. After
@@ -44,6 +44,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_model_limits import TREE_MODULE, standin_fault
 from test_model_trace import TREE_PYTHON
 
 from support import downstream, releases, tool
@@ -143,6 +144,116 @@ def test_a_cell_with_nothing_to_compare_is_not_equal():
     assert numbers.difference(eager, [torch.tensor([1.0, float("nan")])])[0] != 0
     assert numbers.difference(eager, [torch.tensor([1.0, 2.5])]) == (0.5, 2.0)
     assert numbers.difference(eager, [torch.tensor([1.0])])[0] != 0  # shape
+
+
+# --- a crash is a failure (issue 51, requirement 4) ---------------------------
+
+
+def run_cells(monkeypatch, tmp_path, eager, compiled) -> list[dict]:
+    """numbers._cells of one token count with the runs stood in: `eager`
+    and `compiled` (backend -> outputs) a list of tensors, or an exception
+    raised."""
+    from xpufakes.proof.model import build as building
+
+    def give(value):
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    monkeypatch.setattr(building, "inputs", lambda *a: {})
+    monkeypatch.setattr(numbers, "_eager", lambda *a: give(eager))
+    monkeypatch.setattr(
+        numbers, "_compiled", lambda built, i, v, c, name: give(compiled[name])
+    )
+    return numbers._cells(None, None, None, [""], 2, numbers.BACKENDS, tmp_path)
+
+
+def configuration(cells: list[dict]) -> dict:
+    """A model's found result: one traced configuration with these numbers."""
+    said = {"cells": cells, "result": model_report.numbers_outcome(cells)}
+    return {
+        "model": "m",
+        "what": "m",
+        "standins": "k",
+        "configurations": [
+            {
+                "configuration": "default",
+                "result": "traced",
+                "graphs": 1,
+                "graph_breaks": 0,
+                "custom_ops": ["none"],
+                "ops": [],
+                "numbers": said,
+            }
+        ],
+    }
+
+
+def test_an_eager_run_that_fails_or_compares_nothing_fails_the_proof(
+    monkeypatch, tmp_path
+):
+    """The eager forward NaN, all zeros, or raising: every cell of the
+    count fails (never "not run"), the configuration fails and the audit's
+    table says FAIL and why. The control: an eager output with values,
+    compiled equal to it, passes."""
+    import torch
+
+    good = [torch.tensor([1.0, 2.0])]
+    compiled = dict.fromkeys(numbers.BACKENDS, good)
+    control = run_cells(monkeypatch, tmp_path, good, compiled)
+    assert {c["result"] for c in control} == {numbers.EQUAL}, control
+    assert not model_report.failing(configuration(control))
+    for eager, said in (
+        ([torch.tensor([1.0, float("nan")])], "not finite"),
+        ([torch.zeros(2)], "all zeros"),
+        (RuntimeError("the tree's forward stops"), "the tree's forward stops"),
+    ):
+        got = run_cells(monkeypatch, tmp_path, eager, compiled)
+        assert [c["backend"] for c in got] == list(numbers.BACKENDS), got
+        for c in got:
+            assert c["result"] == numbers.EAGER_FAILED, c
+            assert said in c["message"], c
+        found = configuration(got)
+        assert found["configurations"][0]["numbers"]["result"] == numbers.EAGER_FAILED
+        assert model_report.failing(found)
+        table = model_report.table(found)
+        assert "FAIL: traced whole" in table, table
+        assert "aot_eager, inductor not compared, FAIL: " in table, table
+        assert "; 1 FAIL" in model_report.matrix([found])
+
+
+def test_a_compiled_run_that_raises_fails_its_cell(monkeypatch, tmp_path):
+    """Inductor raising where aot_eager runs: the Inductor cell fails
+    (never "not run") with the error as a limit would name it and the
+    frames it passed through, ours outside the tree among them (here the
+    stand-in's); the configuration and the audit fail."""
+    import torch
+
+    good = [torch.tensor([1.0, 2.0])]
+    fault = standin_fault(tmp_path)
+    got = run_cells(monkeypatch, tmp_path, good, {"aot_eager": good, "inductor": fault})
+    by = {c["backend"]: c for c in got}
+    assert by["aot_eager"]["result"] == numbers.EQUAL, by
+    raised = by["inductor"]
+    assert raised["result"] == numbers.RAISED, raised
+    assert raised["error"] == (
+        "RuntimeError: esimd_gemm_fp8_blockscale: input must be fp16"
+    ), raised
+    assert raised["files"] == [TREE_MODULE], raised
+    stand_in = "scripts/xpufakes/proof/xpu/esimd_kernels.py:"
+    assert raised["ours"] and all(f.startswith(stand_in) for f in raised["ours"]), (
+        raised
+    )
+    assert any(f.endswith(" gemm_fp8_blockscale") for f in raised["ours"]), raised
+    found = configuration(got)
+    assert model_report.failing(found)
+    table = model_report.table(found)
+    assert "inductor FAIL, raised: RuntimeError: esimd_gemm_fp8_blockscale" in table
+    assert (
+        "compiled raised"
+        in model_report.numbers_brief(found["configurations"][0]["numbers"])
+        or "the compiled run raised" in table
+    ), table
 
 
 # --- the real b18beee tree (opt-in) ------------------------------------------
@@ -430,7 +541,8 @@ def test_the_moe_entries_on_the_real_b18beee_tree(tmp_path):
     2048 and 2 tokens; at 1 token the dense fp8 linear's decode GEMV drops
     its write (compiled != eager) for the Qwen3 ones, and Mixtral's eager
     forward itself stops (its bf16 router gate, mixtral.py:152, gets the
-    float16 the GEMV path allocates): not run, said so. About 70 s."""
+    float16 the GEMV path allocates): not compared, a failure, said so.
+    About 70 s."""
     from test_llm_scaler_trees import rebuild
 
     root = rebuild("b18beee", tmp_path / "b18beee")
@@ -445,19 +557,19 @@ def test_the_moe_entries_on_the_real_b18beee_tree(tmp_path):
                 assert cell["largest"] > 0, cell
             one = got[(1, backend)]
             if name == "mixtral_fp8":
-                assert one["result"] == numbers.NOT_RUN, one
-                assert "mixtral.py:152" in one["error"], one
+                assert one["result"] == numbers.EAGER_FAILED, one
+                assert "mixtral.py:152" in one["message"], one
                 assert "Half != c10::BFloat16" in one["error"], one
             else:
                 assert one["result"] == numbers.DIFFERENT, one
     # the negative control: the experts' gather drops its write (the MoE
     # layer's output buffer left as torch allocated it, NaN): the eager
-    # output is NaN, nothing compared, never equal; so the cells above
+    # output is NaN, nothing compared, a failure; so the cells above
     # compared what the experts computed
     dropped = _with_gather_dropped(root, "qwen3_moe", tmp_path)
     for backend in numbers.BACKENDS:
         cell = dropped[(2, backend)]
-        assert cell["result"] == numbers.NOT_RUN, cell
+        assert cell["result"] == numbers.EAGER_FAILED, cell
         assert "not finite" in cell["error"], cell
 
 
