@@ -98,10 +98,27 @@ def verdicts(found: dict) -> dict[tuple[int, str], str]:
     return {key: c["result"] for key, c in cells(found).items()}
 
 
+@pytest.fixture(scope="module")
+def gemv_tree(tmp_path_factory) -> Path:
+    """The ESIMD-GEMV-like tree of the newest pin (module docstring)."""
+    return downstream.esimd_gemv_like(
+        releases.newest(), tmp_path_factory.mktemp("gemv") / "tree"
+    )
+
+
+@pytest.fixture(scope="module")
+def truthful_one(gemv_tree) -> dict:
+    """Its proof at 1 token with the truthful schema (the GEMV's write
+    declared): the run that passes, the control of a dropped write and of
+    a crash only Inductor meets."""
+    [found] = prove(gemv_tree, [MODEL], "1", truthful=True)
+    return found
+
+
 def test_a_dropped_write_is_caught_in_numbers_and_a_truthful_schema_is_not(
-    tmp_path,
+    gemv_tree, truthful_one
 ):
-    root = downstream.esimd_gemv_like(releases.newest(), tmp_path / "tree")
+    root = gemv_tree
     [lying] = prove(root, [MODEL], "1,2")
     found = cells(lying)
     for backend in numbers.BACKENDS:
@@ -119,12 +136,111 @@ def test_a_dropped_write_is_caught_in_numbers_and_a_truthful_schema_is_not(
     assert "1 tokens: aot_eager nan FAIL" in said, said
     assert "2 tokens: aot_eager 0 ok" in said, said
     # the truthful control: the same kernel with its write declared
-    [truthful] = prove(root, [MODEL], "1", truthful=True)
+    truthful = truthful_one
     assert "TRUTHFUL CONTROL" in truthful["standins"], truthful["standins"]
     assert set(verdicts(truthful).values()) == {numbers.EQUAL}, cells(truthful)
     assert not model_report.failing(truthful)
     for c in cells(truthful).values():
         assert c["largest"] > 0 and c["difference"] <= 0.02 * c["largest"], c
+
+
+# A crash only Inductor meets (issue 51, requirement 4): Inductor's lowering
+# of aten.mul.Tensor (every layer's norm and activation) raising while it
+# compiles the forward the numbers trace (inside their compile backend:
+# the tree's eager forward compiles helpers of its own with Inductor, which
+# lower as they are). The trace (Dynamo and AOT functionalization) and
+# aot_eager never lower, so only the Inductor cell meets it.
+INDUCTOR_FAULT = """
+import sys
+
+import torch
+from torch._inductor import lowering
+
+from xpufakes.proof.model import cli, numbers
+
+MUL = torch.ops.aten.mul.Tensor
+lowers, in_forward = lowering.lowerings[MUL], [False]
+
+
+def broken(*args, **kwargs):
+    if in_forward[0]:
+        raise RuntimeError("an injected lowering fault")
+    return lowers(*args, **kwargs)
+
+
+def backend_of(choice, made=numbers._backend):
+    backend = made(choice)
+
+    def compile_forward(gm, example_inputs):
+        in_forward[0] = True
+        try:
+            return backend(gm, example_inputs)
+        finally:
+            in_forward[0] = False
+
+    return compile_forward
+
+
+lowering.lowerings[MUL] = broken
+numbers._backend = backend_of
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_crash_only_inductor_meets_fails_the_audit(gemv_tree, truthful_one, tmp_path):
+    """The run that passes (truthful_one: traced whole, compiled = eager),
+    again with Inductor's lowering of aten.mul raising: the trace and the
+    aot_eager cell pass, the Inductor cell fails with the error, and the
+    model fails (the audit's exit status: audit.Result.failing). Before, the
+    cell was "not run" and the audit exited 0. A listed limit naming that
+    error for this tree, model and configuration excuses it (the frames are
+    torch's and the tree's); one for another configuration does not. Costs
+    one model process (~40 s)."""
+    import copy
+    import subprocess
+
+    from xpufakes.changes import live, ourlines
+    from xpufakes.common import isolated
+    from xpufakes.proof.model import limits
+
+    assert set(verdicts(truthful_one).values()) == {numbers.EQUAL}
+    assert not model_report.failing(truthful_one)  # the control
+    out = tmp_path / "faulty.json"
+    kernels = audit.kernels_of(tree.locate(str(gemv_tree)))
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-c", INDUCTOR_FAULT, str(gemv_tree), MODEL, str(out)]
+        + ["--standins", kernels, "--configurations", "default", "--numbers", "1"]
+        + ["--esimd-truthful"],
+        capture_output=True,
+        text=True,
+        env=isolated.env(),
+        timeout=900,
+    )
+    assert out.is_file(), done.stderr[-3000:]
+    [raw] = json.loads(out.read_text())["models"]
+    [faulty] = limits.classify_tree([copy.deepcopy(raw)], gemv_tree)
+    assert default(faulty)["result"] == "traced", default(faulty)
+    got = cells(faulty)
+    assert got[(1, "aot_eager")]["result"] == numbers.EQUAL, got
+    crashed = got[(1, "inductor")]
+    assert crashed["result"] == numbers.RAISED, crashed
+    reason = "LoweringException: RuntimeError: an injected lowering fault"
+    assert crashed["error"] == reason, crashed
+    assert crashed["ours"] == [], crashed  # torch's frames and the tree's
+    assert model_report.failing(faulty)
+    said = model_report.table(faulty)
+    assert "FAIL: traced whole" in said, said
+    assert f"inductor FAIL, raised: {reason}" in said, said
+    assert "1 compiled raised" in model_report.matrix([faulty])
+    # listed exactly, for this configuration: the tree's limit, not compared
+    texts = tree.python_sources(gemv_tree)
+    ours = ourlines.ours(gemv_tree, live.edited_by_us(texts))
+    name = limits.tree_name(gemv_tree)
+    for configuration, fails in (("default", False), ("sp", True)):
+        listed = [limits.Limit(name, MODEL, configuration, reason, "listed")]
+        [judged] = limits.classify([copy.deepcopy(raw)], name, ours, listed)
+        assert model_report.failing(judged) == fails, judged
+    assert cells(judged)[(1, "inductor")]["result"] == numbers.RAISED
 
 
 def test_a_cell_with_nothing_to_compare_is_not_equal():
