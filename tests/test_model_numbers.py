@@ -44,7 +44,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_model_limits import TREE_MODULE, standin_fault
+from test_model_limits import TREE_MODULE, standin_fault, tree_module
 from test_model_trace import TREE_PYTHON
 
 from support import downstream, releases, tool
@@ -370,6 +370,45 @@ def test_a_compiled_run_that_raises_fails_its_cell(monkeypatch, tmp_path):
         in model_report.numbers_brief(found["configurations"][0]["numbers"])
         or "the compiled run raised" in table
     ), table
+
+
+def test_a_run_that_reaches_a_stand_in_without_a_reference_fails_said_so(
+    monkeypatch, tmp_path
+):
+    """IPEX's MoE module on the IPEX-era trees is a stand-in that computes
+    nothing (proof/xpu/ipex.py _XPUOnly: made, never run): a run that
+    reaches it, compiled or eager, compares nothing. That is the proof's
+    limit, not the tree's: each cell fails, saying it was not computed
+    here and why, and no listed limit excuses it (the stand-in's frame)."""
+    from xpufakes.proof.model import limits
+    from xpufakes.proof.xpu import ipex
+
+    class GatedMLPMOE(ipex._XPUOnly):
+        pass
+
+    try:
+        tree_module(tmp_path).forward(GatedMLPMOE())
+    except RuntimeError as e:
+        moe = e
+    got = run_cells(monkeypatch, tmp_path, moe, dict.fromkeys(numbers.BACKENDS, moe))
+    said = "GatedMLPMOE is an XPU-only IPEX stand-in"
+    for c in got:
+        assert c["result"] == numbers.RAISED, c
+        assert c["not_computed"] == said, c
+    found = configuration(got)
+    assert model_report.failing(found)
+    table = model_report.table(found)
+    assert f"aot_eager FAIL, not computed here: {said} (a stand-in without" in table
+    assert "not computed here at 2 tokens" in model_report.cell(
+        found["configurations"][0], short=True
+    )
+    listed = limits.Limit("0.14.1", "m", "default", got[0]["error"], "listed")
+    [judged] = limits.classify([found], "0.14.1", {}, [listed])
+    assert model_report.failing(judged)
+    assert (
+        "proof/xpu/ipex.py"
+        in judged["configurations"][0]["numbers"]["cells"][0]["not_excused"]
+    )
 
 
 # --- the real b18beee tree (opt-in) ------------------------------------------

@@ -66,6 +66,7 @@ from xpufakes.proof.model.trace import (
     ours_outside,
     tree_frames,
 )
+from xpufakes.proof.xpu import uncomputed
 
 TOKENS = model_data.NUMBERS_TOKENS
 BACKENDS = ("aot_eager", "inductor")
@@ -433,8 +434,10 @@ def _failed(count: int, backend: str, kind: str, error: BaseException, tree) -> 
     """A cell whose run raised: `error` as limits.py matches it ("<Error>:
     <first line>", the backend's own where Dynamo wraps it), `message` a
     few lines of it, and the frames it passed through: the tree's (`files`,
-    `lines`) and ours outside it (`ours`)."""
-    return {
+    `lines`) and ours outside it (`ours`); `not_computed` where the run
+    reached a stand-in with no CPU reference (proof/xpu/uncomputed.py:
+    IPEX's MoE module, say), which no tree's limit excuses."""
+    said = {
         "tokens": count,
         "backend": backend,
         "result": kind,
@@ -444,6 +447,11 @@ def _failed(count: int, backend: str, kind: str, error: BaseException, tree) -> 
         "lines": lines_of(error, tree),
         "ours": ours_outside(error, tree),
     }
+    # a stand-in with no CPU reference was run: the proof's limit, said so
+    not_computed = uncomputed.found_in(error)
+    if not_computed:
+        said["not_computed"] = not_computed
+    return said
 
 
 def _eager_vacuous(count: int, backend: str, why: str) -> dict:

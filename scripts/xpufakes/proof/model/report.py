@@ -32,6 +32,12 @@ NUMBERS_EQUAL, NUMBERS_DIFFERENT, NUMBERS_NOT_RUN = "equal", "different", "not r
 NUMBERS_RAISED = "compiled raised"
 NUMBERS_EAGER_FAILED = "eager failed"
 NUMBERS_NOT_BUILT = "not built"
+# a run that reached a stand-in with no CPU reference (proof/xpu/
+# uncomputed.py): nothing compared there, the proof's own limit; a failure
+NOT_COMPUTED = (
+    "a stand-in without a CPU reference: the proof's limit, not the tree's; "
+    "a failure until it has one"
+)
 NUMBERS_FAILURES = (
     NUMBERS_DIFFERENT,
     NUMBERS_RAISED,
@@ -80,6 +86,13 @@ def numbers_brief(n: dict) -> str:
             return f"numbers FAIL, not built: {n.get('error', '')}"
         return f"numbers not run: {n.get('error', 'no cell')}"
     said = []
+    uncomputed = [c for c in cells if c.get("not_computed")]
+    if uncomputed:
+        said.append(
+            f"not computed here at {_at_counts(uncomputed)} tokens (a stand-in "
+            "without a CPU reference: the proof's limit, a failure)"
+        )
+        cells = [c for c in cells if not c.get("not_computed")]
     for kind, words in (
         (NUMBERS_DIFFERENT, "compiled != eager"),
         (NUMBERS_RAISED, "the compiled run raised"),
@@ -121,7 +134,12 @@ def numbers_lines(n: dict) -> list[str]:
         for c in cells:
             if c in eager:
                 continue
-            if c["result"] == NUMBERS_RAISED:
+            if c["result"] == NUMBERS_RAISED and c.get("not_computed"):
+                said.append(
+                    f"{c['backend']} FAIL, not computed here: {c['not_computed']}"
+                    f" ({NOT_COMPUTED})"
+                )
+            elif c["result"] == NUMBERS_RAISED:
                 said.append(
                     f"{c['backend']} FAIL, raised: {c.get('message', c['error'])}"
                 )
@@ -139,9 +157,11 @@ def numbers_lines(n: dict) -> list[str]:
                     f"({c['seconds']} s)"
                 )
         if eager:
+            why = eager[0].get("message", eager[0]["error"])
+            if eager[0].get("not_computed"):
+                why = f"not computed here: {eager[0]['not_computed']} ({NOT_COMPUTED})"
             said.append(
-                f"{', '.join(c['backend'] for c in eager)} not compared, "
-                f"FAIL: {eager[0].get('message', eager[0]['error'])}"
+                f"{', '.join(c['backend'] for c in eager)} not compared, FAIL: {why}"
             )
         largest = next((c["largest"] for c in cells if "largest" in c), None)
         beside = f"; largest eager value {_difference(largest)}" if largest else ""

@@ -21,6 +21,7 @@ from xpufakes.common import paths
 from xpufakes.proof.static.schematruth import ESIMD_PACKAGE, choose_commit
 from xpufakes.proof.xpu import defining, esimd_kernels
 from xpufakes.proof.xpu.packages import _DownstreamName
+from xpufakes.proof.xpu.uncomputed import NoCPUReference
 
 DATA = paths.DATA / "esimd_schemas.toml"
 # the truthful control's ops: a namespace of their own, so that the tree's
@@ -78,7 +79,7 @@ def _kernel(op: str, returns_nothing: bool = False):
         return writes_only
 
     def unavailable(*args, **kwargs):
-        raise NotImplementedError(
+        raise NoCPUReference(
             f"{op}: the ESIMD stand-in has no CPU reference kernel (no "
             "catalog model reached it); proof/xpu/esimd_kernels.py"
         )
