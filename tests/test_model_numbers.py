@@ -411,6 +411,44 @@ def test_a_run_that_reaches_a_stand_in_without_a_reference_fails_said_so(
     )
 
 
+def test_each_compiled_run_starts_from_the_modules_state_before_it(monkeypatch):
+    """vLLM's wrapper up to 0.11 appends the code Dynamo compiled to its
+    list `compiled_codes` and, once that holds one, runs it without
+    compiling. Each compiled run starts with the list as it was before the
+    first (empty), so Inductor's run compiles with Inductor, not runs
+    aot_eager's code (measured on 0.10.2: "inductor 0 ok (0.0 s)" before,
+    25.6 s and 0.000488 from eager after). Negative control: restoring the
+    list object, as before, keeps the previous run's code."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        do_not_compile = False
+
+        def __init__(self):
+            super().__init__()
+            self.compiled_codes = []
+
+    module = Wrapped()
+    seen = []
+
+    def run(built, inputs, vllm_config):
+        seen.append(list(module.compiled_codes))
+        module.compiled_codes.append(f"code of {choice[0]}")
+        return []
+
+    monkeypatch.setattr(numbers, "_run", run)
+    choice = [""]
+    for name in numbers.BACKENDS:
+        numbers._compiled(module, {}, None, choice, name)
+    assert seen == [[], []], seen
+    assert module.compiled_codes == []
+    # the control: the state kept as the same list object
+    saved = dict(vars(module))
+    run(module, {}, None)
+    vars(module).update(saved)
+    assert module.compiled_codes == [f"code of {choice[0]}"]
+
+
 # --- the real b18beee tree (opt-in) ------------------------------------------
 
 GIT_DIR = os.environ.get("XPUFAKES_LLM_SCALER", "")

@@ -253,11 +253,17 @@ def _eager(built, inputs: dict, vllm_config) -> list:
 
 def _compiled(built, inputs: dict, vllm_config, choice: list, name: str) -> list:
     """The forward compiled afresh (traced at this token count) by backend
-    `name`; the decorated modules' state as it was before, after."""
+    `name`; the decorated modules' state as it was before, after: their
+    attributes, and the lists and dicts among them as they held (vLLM's
+    wrapper up to 0.11 appends the code Dynamo compiled to its own list,
+    `compiled_codes`, and once that holds one runs it directly: restoring
+    the list object alone kept the previous backend's code, so the next
+    "Inductor" run was aot_eager's graph, compiled in 0.0 s, 0 from eager,
+    on 0.10.2)."""
     import torch
 
     modules = _compiled_modules(built)
-    saved = [dict(vars(m)) for m in modules]
+    saved = [_state(m) for m in modules]
     torch._dynamo.reset()
     choice[0] = name
     try:
@@ -266,8 +272,23 @@ def _compiled(built, inputs: dict, vllm_config, choice: list, name: str) -> list
         for m, state in zip(modules, saved, strict=True):
             for key in set(vars(m)) - set(state):
                 delattr(m, key)
-            vars(m).update(state)
+            vars(m).update(_copied(state))
         torch._dynamo.reset()
+
+
+def _copied(state: dict) -> dict:
+    """A module's attributes, each public list and dict among them a copy
+    (torch's own, `_parameters`, `_modules`..., left as they are)."""
+    return {
+        key: type(value)(value)
+        if type(value) in (list, dict) and not key.startswith("_")
+        else value
+        for key, value in state.items()
+    }
+
+
+def _state(module) -> dict:
+    return _copied(vars(module))
 
 
 class _UninitializedIsNaN:
