@@ -462,3 +462,23 @@ def test_our_code_outside_the_tree_is_known_by_its_files():
     assert trace._ours(numbers_py, "backend", True) == ""  # torch's backend
     torch_file = "/v/lib/python3.11/site-packages/torch/_inductor/graph.py"
     assert trace._ours(torch_file, "call_function", True) == ""
+
+
+def test_the_plugin_is_ours_even_installed_in_the_tree(tmp_path):
+    """A site-packages holding vllm/ is the tree; the plugin installed
+    beside it is still ours, its frames never the tree's (the control: the
+    tree's own module's are the tree's)."""
+    plugin = tmp_path / "vllm_xpu_fakes" / "plugin.py"
+    plugin.parent.mkdir()
+    plugin.write_text("def register():\n    raise RuntimeError('listed')\n")
+    from xpufakes.common import bypath
+
+    module = bypath.load(f"plugin_in_tree_{abs(hash(str(tmp_path)))}", plugin)
+    try:
+        tree_module(tmp_path).forward(module.register)
+    except RuntimeError as e:
+        error = e
+    assert trace.ours_outside(error, tmp_path) == [
+        "vllm_xpu_fakes/plugin.py:2 register"
+    ]
+    assert trace.files_of(error, tmp_path) == [TREE_MODULE, "vllm_xpu_fakes/plugin.py"]

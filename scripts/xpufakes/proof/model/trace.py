@@ -179,7 +179,10 @@ def ours_outside(error: BaseException, tree: Path) -> list[str]:
         first = inside.index(True) if True in inside else len(frames)
         user = list(getattr(error, "real_stack", None) or [])
         for i, frame in enumerate([*frames, *user]):
-            if Path(frame.filename).is_relative_to(tree):
+            path = Path(frame.filename)
+            # the plugin is ours even installed beside vllm/ in the tree (a
+            # site-packages): every other frame in the tree is the tree's
+            if path.is_relative_to(tree) and PLUGIN_PACKAGE not in path.parts[:-1]:
                 continue
             # the traced code's frames (Dynamo's) are all called by the tree
             shown = _ours(frame.filename, frame.name, i > first or i >= len(frames))
