@@ -50,6 +50,7 @@ LAYERS = {
         "scan schematruth",
     ],
     "proof.xpu": [
+        "uncomputed",
         "cpu_kernels builtin device quantize_convert_standin esimd_kernels defining",
         "moe_kernels fused_moe_standin image_kernels",
         "ipex extensions xpu_kernels loading_ops packages sym_int4 reference xpu_moe",

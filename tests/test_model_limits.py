@@ -13,12 +13,14 @@ another tree, model or configuration, the same reason through ipex_quant.py
 (a file the series edits), a limited cell that traced."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from support import downstream, releases, tool
 from xpufakes.changes import esimdfacts, live, ourlines
-from xpufakes.proof.model import limits, models, report
+from xpufakes.common import paths
+from xpufakes.proof.model import limits, models, report, trace
 from xpufakes.trees import pins, tree
 
 REASON = (
@@ -324,3 +326,166 @@ def test_the_trees_own_lines_of_a_tree_applied_by_recipe(tmp_path):
     changed = numbered[own - 1] + "  # x"
     (root / OURS).write_text(text.replace(numbered[own - 1], changed))
     assert own in ourlines.ours(root, {OURS})[OURS]
+
+
+# --- a fault of ours outside the tree (issue 51, requirement 4) ---------------
+
+# a tree's module, and this repository's stand-in of the image's block GEMM
+TREE_MODULE = "vllm/model_executor/models/crashing.py"
+TREE_CODE = """
+def forward(kernel, *args):
+    return kernel(*args)
+
+
+def own(message):
+    raise RuntimeError(message)
+"""
+
+
+def tree_module(root: Path):
+    """A module of a tree at root (its frames are the tree's)."""
+    from xpufakes.common import bypath
+
+    path = root / TREE_MODULE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(TREE_CODE)
+    # a name of its own per tree: bypath keeps a module once loaded
+    return bypath.load(f"crashing_tree_module_{abs(hash(str(root)))}", path)
+
+
+def standin_fault(root: Path) -> BaseException:
+    """The tree's forward calling the image's block GEMM stand-in
+    (proof/xpu/esimd_kernels.py) with an fp32 input: the stand-in raises."""
+    import torch
+
+    from xpufakes.proof.xpu import esimd_kernels
+
+    module = tree_module(root)
+    w = torch.zeros(128, 128, dtype=torch.float8_e4m3fn)
+    scale, out = torch.ones(1, 1), torch.empty(1, 128, dtype=torch.float16)
+    try:
+        module.forward(
+            esimd_kernels.gemm_fp8_blockscale,
+            torch.zeros(1, 128),
+            w,
+            scale,
+            out,
+            128,
+            128,
+        )
+    except RuntimeError as e:
+        return e
+    raise AssertionError("the stand-in did not raise")
+
+
+def _raising_cell(error: BaseException, root: Path) -> dict:
+    """A traced configuration whose numbers' Inductor run raised `error`
+    (numbers._failed: its error, the tree's frames and ours)."""
+    from xpufakes.proof.model import numbers
+
+    raised = numbers._failed(2, "inductor", numbers.RAISED, error, root)
+    equal = {"tokens": 2, "backend": "aot_eager", "result": "equal"}
+    equal |= {"difference": 0.0, "largest": 1.0, "seconds": 0.1}
+    cells = [equal, raised]
+    return {
+        "configuration": "default",
+        "result": "traced",
+        "graphs": 1,
+        "graph_breaks": 0,
+        "custom_ops": ["none"],
+        "ops": [],
+        "numbers": {"cells": cells, "result": report.numbers_outcome(cells)},
+    }
+
+
+def test_a_fault_in_a_stand_in_is_never_excused_by_a_listed_limit(tmp_path):
+    """The image's block GEMM stand-in (proof/xpu/esimd_kernels.py), called
+    by the tree's code, raises; a limit of the tree lists its message word
+    for word. Neither as the trace's failure (not built) nor as the
+    numbers' compiled run that raised is it excused: it passed through our
+    code outside the tree, and the audit fails saying so. The controls: the
+    same message raised by the tree's own code is excused, in both; listed
+    for another configuration, it is not."""
+    fault = standin_fault(tmp_path)
+    reason = "RuntimeError: esimd_gemm_fp8_blockscale: input must be fp16"
+    assert trace.error_of(fault) == reason
+    listed = [limits.Limit("0.21.0", "m", "default", reason, "the tree's own")]
+    module = tree_module(tmp_path)
+    try:
+        module.own("esimd_gemm_fp8_blockscale: input must be fp16")
+    except RuntimeError as e:
+        own = e
+
+    def classified(error, configuration="default"):
+        failed = {"configuration": "default"} | trace.not_built(error, tmp_path)
+        found = [
+            {"model": "m", "configurations": [failed, _raising_cell(error, tmp_path)]}
+        ]
+        limit = dataclasses.replace(listed[0], configuration=configuration)
+        return limits.classify(found, "0.21.0", {}, [limit])[0]
+
+    found = classified(fault)
+    built, numbered = found["configurations"]
+    assert built["result"] == "not built" and built["error"] == reason, built
+    assert "esimd_kernels.py" in built["not_excused"], built
+    raised = numbered["numbers"]["cells"][1]
+    assert raised["result"] == "compiled raised", raised
+    assert "our code outside the tree" in raised["not_excused"], raised
+    assert numbered["numbers"]["result"] == "compiled raised"
+    assert report.failing(found)
+    table = report.table(dict(found, what="m", standins="k"))
+    assert "inductor: not excused: data/limits.toml lists it" in table, table
+    # the controls: the tree's own code, the same message
+    found = classified(own)
+    built, numbered = found["configurations"]
+    assert built["result"] == report.TREE_LIMIT and built.get("ours") == [], built
+    assert numbered["numbers"]["cells"][1]["result"] == report.TREE_LIMIT
+    assert numbered["numbers"]["result"] == report.TREE_LIMIT
+    assert not report.failing(found)
+    assert "the tree's limit at 2 tokens" in report.cell(numbered), report.cell(
+        numbered
+    )
+    # listed for another configuration: nothing excuses it
+    found = classified(own, configuration="sp")
+    assert report.failing(found)
+    assert found["configurations"][1]["numbers"]["result"] == "compiled raised"
+
+
+def test_our_code_outside_the_tree_is_known_by_its_files():
+    """The stand-ins, the overlay and the plugin (in this repository or
+    installed) are ours wherever their frames are; the proof's own modules
+    only where the tree called them, and never as the compile backends
+    through which every error of torch's passes; torch is not ours."""
+    repo = paths.REPO
+    standin = str(repo / "scripts/xpufakes/proof/xpu/ipex.py")
+    assert trace._ours(standin, "f", False) == "scripts/xpufakes/proof/xpu/ipex.py"
+    overlay = str(repo / "vllm_overlay/vllm/_xpu_gemm_fakes.py")
+    assert trace._ours(overlay, "f", False) == "vllm_overlay/vllm/_xpu_gemm_fakes.py"
+    site = "/v/lib/python3.11/site-packages/vllm_xpu_fakes/plugin.py"
+    assert trace._ours(site, "f", False) == "vllm_xpu_fakes/plugin.py"
+    numbers_py = str(repo / "scripts/xpufakes/proof/model/numbers.py")
+    assert trace._ours(numbers_py, "forward", True).endswith("numbers.py")
+    assert trace._ours(numbers_py, "forward", False) == ""  # the tree's caller
+    assert trace._ours(numbers_py, "backend", True) == ""  # torch's backend
+    torch_file = "/v/lib/python3.11/site-packages/torch/_inductor/graph.py"
+    assert trace._ours(torch_file, "call_function", True) == ""
+
+
+def test_the_plugin_is_ours_even_installed_in_the_tree(tmp_path):
+    """A site-packages holding vllm/ is the tree; the plugin installed
+    beside it is still ours, its frames never the tree's (the control: the
+    tree's own module's are the tree's)."""
+    plugin = tmp_path / "vllm_xpu_fakes" / "plugin.py"
+    plugin.parent.mkdir()
+    plugin.write_text("def register():\n    raise RuntimeError('listed')\n")
+    from xpufakes.common import bypath
+
+    module = bypath.load(f"plugin_in_tree_{abs(hash(str(tmp_path)))}", plugin)
+    try:
+        tree_module(tmp_path).forward(module.register)
+    except RuntimeError as e:
+        error = e
+    assert trace.ours_outside(error, tmp_path) == [
+        "vllm_xpu_fakes/plugin.py:2 register"
+    ]
+    assert trace.files_of(error, tmp_path) == [TREE_MODULE, "vllm_xpu_fakes/plugin.py"]

@@ -24,8 +24,8 @@ by token; a router that does not renormalize, or a wrong expert, fails it.
 On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
 has none): the MoE entries compiled = eager at 2048 and 2 tokens (1 token:
 the decode GEMV's dropped write, or Mixtral's eager forward stopping on the
-tree's own dtype mismatch, said so); with the experts' gather dropping its
-write, nothing is compared. The block-fp8 model with N = 192
+tree's own dtype mismatch, a failure, said so); with the experts' gather
+dropping its write, nothing is compared, a failure. The block-fp8 model with N = 192
 (deepseek_v2_fp8_block) takes the ESIMD block GEMM at the start-up's 2048
 tokens: compiled != eager, unpatched; the aligned one (qwen3_fp8_block)
 only below 16 tokens. With the truthful schemas, compiled = eager. After
@@ -44,6 +44,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_model_limits import TREE_MODULE, standin_fault, tree_module
 from test_model_trace import TREE_PYTHON
 
 from support import downstream, releases, tool
@@ -97,10 +98,27 @@ def verdicts(found: dict) -> dict[tuple[int, str], str]:
     return {key: c["result"] for key, c in cells(found).items()}
 
 
+@pytest.fixture(scope="module")
+def gemv_tree(tmp_path_factory) -> Path:
+    """The ESIMD-GEMV-like tree of the newest pin (module docstring)."""
+    return downstream.esimd_gemv_like(
+        releases.newest(), tmp_path_factory.mktemp("gemv") / "tree"
+    )
+
+
+@pytest.fixture(scope="module")
+def truthful_one(gemv_tree) -> dict:
+    """Its proof at 1 token with the truthful schema (the GEMV's write
+    declared): the run that passes, the control of a dropped write and of
+    a crash only Inductor meets."""
+    [found] = prove(gemv_tree, [MODEL], "1", truthful=True)
+    return found
+
+
 def test_a_dropped_write_is_caught_in_numbers_and_a_truthful_schema_is_not(
-    tmp_path,
+    gemv_tree, truthful_one
 ):
-    root = downstream.esimd_gemv_like(releases.newest(), tmp_path / "tree")
+    root = gemv_tree
     [lying] = prove(root, [MODEL], "1,2")
     found = cells(lying)
     for backend in numbers.BACKENDS:
@@ -118,12 +136,111 @@ def test_a_dropped_write_is_caught_in_numbers_and_a_truthful_schema_is_not(
     assert "1 tokens: aot_eager nan FAIL" in said, said
     assert "2 tokens: aot_eager 0 ok" in said, said
     # the truthful control: the same kernel with its write declared
-    [truthful] = prove(root, [MODEL], "1", truthful=True)
+    truthful = truthful_one
     assert "TRUTHFUL CONTROL" in truthful["standins"], truthful["standins"]
     assert set(verdicts(truthful).values()) == {numbers.EQUAL}, cells(truthful)
     assert not model_report.failing(truthful)
     for c in cells(truthful).values():
         assert c["largest"] > 0 and c["difference"] <= 0.02 * c["largest"], c
+
+
+# A crash only Inductor meets (issue 51, requirement 4): Inductor's lowering
+# of aten.mul.Tensor (every layer's norm and activation) raising while it
+# compiles the forward the numbers trace (inside their compile backend:
+# the tree's eager forward compiles helpers of its own with Inductor, which
+# lower as they are). The trace (Dynamo and AOT functionalization) and
+# aot_eager never lower, so only the Inductor cell meets it.
+INDUCTOR_FAULT = """
+import sys
+
+import torch
+from torch._inductor import lowering
+
+from xpufakes.proof.model import cli, numbers
+
+MUL = torch.ops.aten.mul.Tensor
+lowers, in_forward = lowering.lowerings[MUL], [False]
+
+
+def broken(*args, **kwargs):
+    if in_forward[0]:
+        raise RuntimeError("an injected lowering fault")
+    return lowers(*args, **kwargs)
+
+
+def backend_of(choice, made=numbers._backend):
+    backend = made(choice)
+
+    def compile_forward(gm, example_inputs):
+        in_forward[0] = True
+        try:
+            return backend(gm, example_inputs)
+        finally:
+            in_forward[0] = False
+
+    return compile_forward
+
+
+lowering.lowerings[MUL] = broken
+numbers._backend = backend_of
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_crash_only_inductor_meets_fails_the_audit(gemv_tree, truthful_one, tmp_path):
+    """The run that passes (truthful_one: traced whole, compiled = eager),
+    again with Inductor's lowering of aten.mul raising: the trace and the
+    aot_eager cell pass, the Inductor cell fails with the error, and the
+    model fails (the audit's exit status: audit.Result.failing). Before, the
+    cell was "not run" and the audit exited 0. A listed limit naming that
+    error for this tree, model and configuration excuses it (the frames are
+    torch's and the tree's); one for another configuration does not. Costs
+    one model process (~40 s)."""
+    import copy
+    import subprocess
+
+    from xpufakes.changes import live, ourlines
+    from xpufakes.common import isolated
+    from xpufakes.proof.model import limits
+
+    assert set(verdicts(truthful_one).values()) == {numbers.EQUAL}
+    assert not model_report.failing(truthful_one)  # the control
+    out = tmp_path / "faulty.json"
+    kernels = audit.kernels_of(tree.locate(str(gemv_tree)))
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-c", INDUCTOR_FAULT, str(gemv_tree), MODEL, str(out)]
+        + ["--standins", kernels, "--configurations", "default", "--numbers", "1"]
+        + ["--esimd-truthful"],
+        capture_output=True,
+        text=True,
+        env=isolated.env(),
+        timeout=900,
+    )
+    assert out.is_file(), done.stderr[-3000:]
+    [raw] = json.loads(out.read_text())["models"]
+    [faulty] = limits.classify_tree([copy.deepcopy(raw)], gemv_tree)
+    assert default(faulty)["result"] == "traced", default(faulty)
+    got = cells(faulty)
+    assert got[(1, "aot_eager")]["result"] == numbers.EQUAL, got
+    crashed = got[(1, "inductor")]
+    assert crashed["result"] == numbers.RAISED, crashed
+    reason = "LoweringException: RuntimeError: an injected lowering fault"
+    assert crashed["error"] == reason, crashed
+    assert crashed["ours"] == [], crashed  # torch's frames and the tree's
+    assert model_report.failing(faulty)
+    said = model_report.table(faulty)
+    assert "FAIL: traced whole" in said, said
+    assert f"inductor FAIL, raised: {reason}" in said, said
+    assert "1 compiled raised" in model_report.matrix([faulty])
+    # listed exactly, for this configuration: the tree's limit, not compared
+    texts = tree.python_sources(gemv_tree)
+    ours = ourlines.ours(gemv_tree, live.edited_by_us(texts))
+    name = limits.tree_name(gemv_tree)
+    for configuration, fails in (("default", False), ("sp", True)):
+        listed = [limits.Limit(name, MODEL, configuration, reason, "listed")]
+        [judged] = limits.classify([copy.deepcopy(raw)], name, ours, listed)
+        assert model_report.failing(judged) == fails, judged
+    assert cells(judged)[(1, "inductor")]["result"] == numbers.RAISED
 
 
 def test_a_cell_with_nothing_to_compare_is_not_equal():
@@ -143,6 +260,193 @@ def test_a_cell_with_nothing_to_compare_is_not_equal():
     assert numbers.difference(eager, [torch.tensor([1.0, float("nan")])])[0] != 0
     assert numbers.difference(eager, [torch.tensor([1.0, 2.5])]) == (0.5, 2.0)
     assert numbers.difference(eager, [torch.tensor([1.0])])[0] != 0  # shape
+
+
+# --- a crash is a failure (issue 51, requirement 4) ---------------------------
+
+
+def run_cells(monkeypatch, tmp_path, eager, compiled) -> list[dict]:
+    """numbers._cells of one token count with the runs stood in: `eager`
+    and `compiled` (backend -> outputs) a list of tensors, or an exception
+    raised."""
+    from xpufakes.proof.model import build as building
+
+    def give(value):
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    monkeypatch.setattr(building, "inputs", lambda *a: {})
+    monkeypatch.setattr(numbers, "_eager", lambda *a: give(eager))
+    monkeypatch.setattr(
+        numbers, "_compiled", lambda built, i, v, c, name: give(compiled[name])
+    )
+    return numbers._cells(None, None, None, [""], 2, numbers.BACKENDS, tmp_path)
+
+
+def configuration(cells: list[dict]) -> dict:
+    """A model's found result: one traced configuration with these numbers."""
+    said = {"cells": cells, "result": model_report.numbers_outcome(cells)}
+    return {
+        "model": "m",
+        "what": "m",
+        "standins": "k",
+        "configurations": [
+            {
+                "configuration": "default",
+                "result": "traced",
+                "graphs": 1,
+                "graph_breaks": 0,
+                "custom_ops": ["none"],
+                "ops": [],
+                "numbers": said,
+            }
+        ],
+    }
+
+
+def test_an_eager_run_that_fails_or_compares_nothing_fails_the_proof(
+    monkeypatch, tmp_path
+):
+    """The eager forward NaN, all zeros, or raising: every cell of the
+    count fails (never "not run"), the configuration fails and the audit's
+    table says FAIL and why. The control: an eager output with values,
+    compiled equal to it, passes."""
+    import torch
+
+    good = [torch.tensor([1.0, 2.0])]
+    compiled = dict.fromkeys(numbers.BACKENDS, good)
+    control = run_cells(monkeypatch, tmp_path, good, compiled)
+    assert {c["result"] for c in control} == {numbers.EQUAL}, control
+    assert not model_report.failing(configuration(control))
+    for eager, said in (
+        ([torch.tensor([1.0, float("nan")])], "not finite"),
+        ([torch.zeros(2)], "all zeros"),
+        (RuntimeError("the tree's forward stops"), "the tree's forward stops"),
+    ):
+        got = run_cells(monkeypatch, tmp_path, eager, compiled)
+        assert [c["backend"] for c in got] == list(numbers.BACKENDS), got
+        for c in got:
+            assert c["result"] == numbers.EAGER_FAILED, c
+            assert said in c["message"], c
+        found = configuration(got)
+        assert found["configurations"][0]["numbers"]["result"] == numbers.EAGER_FAILED
+        assert model_report.failing(found)
+        table = model_report.table(found)
+        assert "FAIL: traced whole" in table, table
+        assert "aot_eager, inductor not compared, FAIL: " in table, table
+        assert "; 1 FAIL" in model_report.matrix([found])
+
+
+def test_a_compiled_run_that_raises_fails_its_cell(monkeypatch, tmp_path):
+    """Inductor raising where aot_eager runs: the Inductor cell fails
+    (never "not run") with the error as a limit would name it and the
+    frames it passed through, ours outside the tree among them (here the
+    stand-in's); the configuration and the audit fail."""
+    import torch
+
+    good = [torch.tensor([1.0, 2.0])]
+    fault = standin_fault(tmp_path)
+    got = run_cells(monkeypatch, tmp_path, good, {"aot_eager": good, "inductor": fault})
+    by = {c["backend"]: c for c in got}
+    assert by["aot_eager"]["result"] == numbers.EQUAL, by
+    raised = by["inductor"]
+    assert raised["result"] == numbers.RAISED, raised
+    assert raised["error"] == (
+        "RuntimeError: esimd_gemm_fp8_blockscale: input must be fp16"
+    ), raised
+    assert raised["files"] == [TREE_MODULE], raised
+    stand_in = "scripts/xpufakes/proof/xpu/esimd_kernels.py:"
+    assert raised["ours"] and all(f.startswith(stand_in) for f in raised["ours"]), (
+        raised
+    )
+    assert any(f.endswith(" gemm_fp8_blockscale") for f in raised["ours"]), raised
+    found = configuration(got)
+    assert model_report.failing(found)
+    table = model_report.table(found)
+    assert "inductor FAIL, raised: RuntimeError: esimd_gemm_fp8_blockscale" in table
+    assert (
+        "compiled raised"
+        in model_report.numbers_brief(found["configurations"][0]["numbers"])
+        or "the compiled run raised" in table
+    ), table
+
+
+def test_a_run_that_reaches_a_stand_in_without_a_reference_fails_said_so(
+    monkeypatch, tmp_path
+):
+    """IPEX's MoE module on the IPEX-era trees is a stand-in that computes
+    nothing (proof/xpu/ipex.py _XPUOnly: made, never run): a run that
+    reaches it, compiled or eager, compares nothing. That is the proof's
+    limit, not the tree's: each cell fails, saying it was not computed
+    here and why, and no listed limit excuses it (the stand-in's frame)."""
+    from xpufakes.proof.model import limits
+    from xpufakes.proof.xpu import ipex
+
+    class GatedMLPMOE(ipex._XPUOnly):
+        pass
+
+    try:
+        tree_module(tmp_path).forward(GatedMLPMOE())
+    except RuntimeError as e:
+        moe = e
+    got = run_cells(monkeypatch, tmp_path, moe, dict.fromkeys(numbers.BACKENDS, moe))
+    said = "GatedMLPMOE is an XPU-only IPEX stand-in"
+    for c in got:
+        assert c["result"] == numbers.RAISED, c
+        assert c["not_computed"] == said, c
+    found = configuration(got)
+    assert model_report.failing(found)
+    table = model_report.table(found)
+    assert f"aot_eager FAIL, not computed here: {said} (a stand-in without" in table
+    assert "not computed here at 2 tokens" in model_report.cell(
+        found["configurations"][0], short=True
+    )
+    listed = limits.Limit("0.14.1", "m", "default", got[0]["error"], "listed")
+    [judged] = limits.classify([found], "0.14.1", {}, [listed])
+    assert model_report.failing(judged)
+    assert (
+        "proof/xpu/ipex.py"
+        in judged["configurations"][0]["numbers"]["cells"][0]["not_excused"]
+    )
+
+
+def test_each_compiled_run_starts_from_the_modules_state_before_it(monkeypatch):
+    """vLLM's wrapper up to 0.11 appends the code Dynamo compiled to its
+    list `compiled_codes` and, once that holds one, runs it without
+    compiling. Each compiled run starts with the list as it was before the
+    first (empty), so Inductor's run compiles with Inductor, not runs
+    aot_eager's code (measured on 0.10.2: "inductor 0 ok (0.0 s)" before,
+    25.6 s and 0.000488 from eager after). Negative control: restoring the
+    list object, as before, keeps the previous run's code."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        do_not_compile = False
+
+        def __init__(self):
+            super().__init__()
+            self.compiled_codes = []
+
+    module = Wrapped()
+    seen = []
+
+    def run(built, inputs, vllm_config):
+        seen.append(list(module.compiled_codes))
+        module.compiled_codes.append(f"code of {choice[0]}")
+        return []
+
+    monkeypatch.setattr(numbers, "_run", run)
+    choice = [""]
+    for name in numbers.BACKENDS:
+        numbers._compiled(module, {}, None, choice, name)
+    assert seen == [[], []], seen
+    assert module.compiled_codes == []
+    # the control: the state kept as the same list object
+    saved = dict(vars(module))
+    run(module, {}, None)
+    vars(module).update(saved)
+    assert module.compiled_codes == [f"code of {choice[0]}"]
 
 
 # --- the real b18beee tree (opt-in) ------------------------------------------
@@ -430,7 +734,8 @@ def test_the_moe_entries_on_the_real_b18beee_tree(tmp_path):
     2048 and 2 tokens; at 1 token the dense fp8 linear's decode GEMV drops
     its write (compiled != eager) for the Qwen3 ones, and Mixtral's eager
     forward itself stops (its bf16 router gate, mixtral.py:152, gets the
-    float16 the GEMV path allocates): not run, said so. About 70 s."""
+    float16 the GEMV path allocates): not compared, a failure, said so.
+    About 70 s."""
     from test_llm_scaler_trees import rebuild
 
     root = rebuild("b18beee", tmp_path / "b18beee")
@@ -445,19 +750,19 @@ def test_the_moe_entries_on_the_real_b18beee_tree(tmp_path):
                 assert cell["largest"] > 0, cell
             one = got[(1, backend)]
             if name == "mixtral_fp8":
-                assert one["result"] == numbers.NOT_RUN, one
-                assert "mixtral.py:152" in one["error"], one
+                assert one["result"] == numbers.EAGER_FAILED, one
+                assert "mixtral.py:152" in one["message"], one
                 assert "Half != c10::BFloat16" in one["error"], one
             else:
                 assert one["result"] == numbers.DIFFERENT, one
     # the negative control: the experts' gather drops its write (the MoE
     # layer's output buffer left as torch allocated it, NaN): the eager
-    # output is NaN, nothing compared, never equal; so the cells above
+    # output is NaN, nothing compared, a failure; so the cells above
     # compared what the experts computed
     dropped = _with_gather_dropped(root, "qwen3_moe", tmp_path)
     for backend in numbers.BACKENDS:
         cell = dropped[(2, backend)]
-        assert cell["result"] == numbers.NOT_RUN, cell
+        assert cell["result"] == numbers.EAGER_FAILED, cell
         assert "not finite" in cell["error"], cell
 
 

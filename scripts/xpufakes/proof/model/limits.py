@@ -15,7 +15,15 @@ tree's limit only if
   not known, the whole file is ours): a fault in a line we write is never
   excused, whatever its text. A limit of the tree's own code met in a file
   we also edit (llm-scaler 0a85564's XPUFp8LinearMethod in ipex_quant.py)
-  is excused like any other.
+  is excused like any other, and
+* no frame it passed through is of our code outside the tree
+  (trace.ours_outside: the stand-ins under proof/xpu/, the overlay, the
+  vLLM plugin, the proof's own code where the tree called it).
+
+The numbers' compiled runs that raised (numbers.py: Inductor's lowering,
+torch's aliasing checks, which the trace never meets) are judged the same
+way, cell by cell, against the limits of their configuration; an eager run
+that fails or compares nothing never is.
 
 A limit of an intel/llm-scaler image's tree that its base release does not
 have is keyed to the image too (`image`: the image commit, as
@@ -39,8 +47,10 @@ from xpufakes.common.errors import Refusal
 from xpufakes.proof.model.report import (
     ERRORS,
     NOT_FOR_THIS_TREE,
+    NUMBERS_RAISED,
     PROOF_LIMIT,
     TREE_LIMIT,
+    numbers_outcome,
 )
 from xpufakes.proof.static.schematruth import ESIMD_PACKAGE, ROUTING_MODULE
 from xpufakes.trees import images, pins
@@ -166,19 +176,45 @@ def classify(
                 continue
             matched = [limit for limit in listed if limit.reason == cell.get("error")]
             if cell["result"] in ERRORS and matched:
-                if cell.get("lines") is None:
-                    mine = sorted(set(cell.get("files", [])) & set(ours))
-                else:
-                    mine = [f for f in cell["lines"] if ourlines.frame_is_ours(f, ours)]
-                if mine:
-                    cell["not_excused"] = (
-                        f"data/limits.toml lists it as the tree's limit, but it "
-                        f"passed through {', '.join(mine)}, which our series or "
-                        "recipes wrote (or changed since) in a file they edit or add"
-                    )
-                else:
-                    cell["result"] = TREE_LIMIT
-                    cell["limit"] = matched[0].why
+                _excuse(cell, matched[0], ours, TREE_LIMIT)
+            # the numbers' compiled runs that raised (numbers.py): excused
+            # as the trace's failures are, each cell on its own
+            numbers = cell.get("numbers") or {}
+            for n in numbers.get("cells", []):
+                met = [limit for limit in listed if limit.reason == n.get("error")]
+                if n["result"] == NUMBERS_RAISED and met:
+                    _excuse(n, met[0], ours, TREE_LIMIT)
+                    matched += met
+            if numbers.get("cells"):
+                numbers["result"] = numbers_outcome(numbers["cells"])
             if not matched:
                 cell["limit_gone"] = [limit.reason for limit in listed]
     return found
+
+
+def _excuse(cell: dict, limit: Limit, ours: dict, excused: str) -> None:
+    """A failure (a configuration's, or a numbers cell's) whose error
+    `limit` names: its result `excused`, with the limit's why, unless it
+    passed through a line of ours in the tree or a frame of ours outside it
+    (trace.ours_outside: the stand-ins, the overlay, the plugin, the
+    proof's own code the tree called): then `not_excused` says which."""
+    if cell.get("lines") is None:
+        mine = sorted(set(cell.get("files", [])) & set(ours))
+    else:
+        mine = [f for f in cell["lines"] if ourlines.frame_is_ours(f, ours)]
+    outside = list(cell.get("ours", []))
+    if mine:
+        cell["not_excused"] = (
+            f"data/limits.toml lists it as the tree's limit, but it "
+            f"passed through {', '.join(mine)}, which our series or "
+            "recipes wrote (or changed since) in a file they edit or add"
+        )
+    elif outside:
+        cell["not_excused"] = (
+            "data/limits.toml lists it as the tree's limit, but it passed "
+            f"through {', '.join(outside)}, our code outside the tree (a "
+            "stand-in, the overlay, the plugin or the proof's own)"
+        )
+    else:
+        cell["result"] = excused
+        cell["limit"] = limit.why

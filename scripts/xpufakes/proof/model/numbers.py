@@ -13,11 +13,16 @@ Each cell's result is the largest absolute difference of the forward's
 output from the eager one, and the largest absolute eager value beside it;
 over the tolerance (TOLERANCE, relative to the largest eager value, as the
 dtype's rounding over two layers allows), or not finite where eager is, the
-cell fails. Uninitialized memory reads as NaN (_UninitializedIsNaN:
-torch's deterministic fill in eager and aot_eager's graph; the buffers
-Inductor's generated code allocates filled, its reuse of freed buffers
-off): a buffer a kernel should have written and the compiled graph left
-empty is NaN, never stale data that happens to be nearly right. The runs
+cell fails. A crash is a failure, never "not run": a compiled run that
+raises fails its cell (limits.py may excuse it: data/limits.toml naming its
+error for the tree, model and configuration, with no frame of ours on its
+way), and an eager run that raises, or whose output is NaN or all zeros,
+fails the count's cells (nothing compared). Uninitialized memory reads
+as NaN (_UninitializedIsNaN: torch's deterministic fill in eager and
+aot_eager's graph; the buffers Inductor's generated code allocates filled,
+its reuse of freed buffers off): a buffer a kernel should have written
+and the compiled graph left empty is NaN, never stale data that happens to
+be nearly right. The runs
 are ordered so that memory left behind cannot hold the right values
 either: the token counts fewest first, at each count the compiled runs
 before the eager one (the cells are reported in the order asked). A
@@ -44,14 +49,44 @@ import time
 
 from xpufakes.proof.model import build as building
 from xpufakes.proof.model import models as model_data
-from xpufakes.proof.model.trace import not_built, tree_frames
+from xpufakes.proof.model.report import (
+    NUMBERS_DIFFERENT,
+    NUMBERS_EAGER_FAILED,
+    NUMBERS_EQUAL,
+    NUMBERS_NOT_BUILT,
+    NUMBERS_NOT_RUN,
+    NUMBERS_RAISED,
+    numbers_outcome,
+)
+from xpufakes.proof.model.trace import (
+    error_of,
+    files_of,
+    lines_of,
+    not_built,
+    ours_outside,
+    tree_frames,
+)
+from xpufakes.proof.xpu import uncomputed
 
 TOKENS = model_data.NUMBERS_TOKENS
 BACKENDS = ("aot_eager", "inductor")
 # largest |compiled - eager| over largest |eager|: a few bf16 roundings
 TOLERANCE = 0.02
 
-EQUAL, DIFFERENT, NOT_RUN = "equal", "different", "not run"
+# the results (report.py, no torch): equal; the failures: compiled !=
+# eager, the compiled run raised (a backend's own error, which the trace
+# does not meet: Inductor's lowering, torch's aliasing checks), the eager
+# run raised or gave nothing to compare (NaN, all zeros), the model not
+# built for the numbers where the trace built it. A compiled run that
+# raised is the tree's limit only where data/limits.toml names its error
+# for its tree, model and configuration and it passed through no code of
+# ours (limits.py); the others never are
+EQUAL, DIFFERENT, NOT_RUN = NUMBERS_EQUAL, NUMBERS_DIFFERENT, NUMBERS_NOT_RUN
+RAISED, EAGER_FAILED, NOT_BUILT = (
+    NUMBERS_RAISED,
+    NUMBERS_EAGER_FAILED,
+    NUMBERS_NOT_BUILT,
+)
 # where the tree's model modules are (an eager failure is said from there in)
 MODELS_DIR = "vllm/model_executor/models/"
 
@@ -218,11 +253,17 @@ def _eager(built, inputs: dict, vllm_config) -> list:
 
 def _compiled(built, inputs: dict, vllm_config, choice: list, name: str) -> list:
     """The forward compiled afresh (traced at this token count) by backend
-    `name`; the decorated modules' state as it was before, after."""
+    `name`; the decorated modules' state as it was before, after: their
+    attributes, and the lists and dicts among them as they held (vLLM's
+    wrapper up to 0.11 appends the code Dynamo compiled to its own list,
+    `compiled_codes`, and once that holds one runs it directly: restoring
+    the list object alone kept the previous backend's code, so the next
+    "Inductor" run was aot_eager's graph, compiled in 0.0 s, 0 from eager,
+    on 0.10.2)."""
     import torch
 
     modules = _compiled_modules(built)
-    saved = [dict(vars(m)) for m in modules]
+    saved = [_state(m) for m in modules]
     torch._dynamo.reset()
     choice[0] = name
     try:
@@ -231,8 +272,23 @@ def _compiled(built, inputs: dict, vllm_config, choice: list, name: str) -> list
         for m, state in zip(modules, saved, strict=True):
             for key in set(vars(m)) - set(state):
                 delattr(m, key)
-            vars(m).update(state)
+            vars(m).update(_copied(state))
         torch._dynamo.reset()
+
+
+def _copied(state: dict) -> dict:
+    """A module's attributes, each public list and dict among them a copy
+    (torch's own, `_parameters`, `_modules`..., left as they are)."""
+    return {
+        key: type(value)(value)
+        if type(value) in (list, dict) and not key.startswith("_")
+        else value
+        for key, value in state.items()
+    }
+
+
+def _state(module) -> dict:
+    return _copied(vars(module))
 
 
 class _UninitializedIsNaN:
@@ -278,6 +334,25 @@ class _UninitializedIsNaN:
         inductor_config.allow_buffer_reuse = reuse
 
 
+class _CachesOff:
+    """torch.compile's caches off while the numbers run (torch.compiler's
+    force_disable_caches: Inductor's FX-graph cache, AOT autograd's): their
+    keys do not cover a custom op's fake (make e2e measured a hit reusing
+    code compiled with another fake), and a hit skips the lowering, so a
+    cell would not prove what this tree compiles to."""
+
+    def __enter__(self):
+        import torch.compiler.config as compiler_config
+
+        self.before = compiler_config.force_disable_caches
+        compiler_config.force_disable_caches = True
+
+    def __exit__(self, *exc):
+        import torch.compiler.config as compiler_config
+
+        compiler_config.force_disable_caches = self.before
+
+
 def compare(
     model: model_data.Model,
     configuration: str,
@@ -304,13 +379,13 @@ def compare(
         directory = building.config_dir(model, work)
         vllm_config = building.configure(model, directory, configuration)
     except Exception as e:  # noqa: BLE001 - the result
-        return result | not_built(e, tree, start) | {"result": NOT_RUN}
-    with set_current_vllm_config(vllm_config), _UninitializedIsNaN():
+        return result | not_built(e, tree, start) | {"result": NOT_BUILT}
+    with set_current_vllm_config(vllm_config), _UninitializedIsNaN(), _CachesOff():
         try:
             building.distributed(vllm_config, work)
             built = building.build(model, vllm_config)
         except Exception as e:  # noqa: BLE001 - the result
-            return result | not_built(e, tree, start) | {"result": NOT_RUN}
+            return result | not_built(e, tree, start) | {"result": NOT_BUILT}
         result["attention_computed"] = attention_that_computes(built)
         filled = random_where_uninitialized(built)
         if filled:
@@ -325,19 +400,18 @@ def compare(
             )
     order = {count: i for i, count in enumerate(tokens)}
     result["cells"].sort(key=lambda c: order[c["tokens"]])
-    results = {c["result"] for c in result["cells"]}
-    result["result"] = (
-        DIFFERENT if DIFFERENT in results else NOT_RUN if NOT_RUN in results else EQUAL
-    )
+    result["result"] = numbers_outcome(result["cells"])
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
 
 
 def _cells(built, model, vllm_config, choice, count: int, backends, tree) -> list[dict]:
     """The cells of one token count: each backend's compiled run, then the
-    eager run, compared. Where the eager forward itself fails (the tree's
-    own code, not compiled), the cells are not run, with the error and the
-    tree's innermost frames it passed through."""
+    eager run, compared. A compiled run that raises fails its cell (RAISED:
+    the error as limits.py matches it, and every frame of the tree and of
+    ours it passed through); an eager run that raises or gives nothing to
+    compare fails every other cell of the count (EAGER_FAILED, with the
+    error and the tree's innermost frames it passed through)."""
     inputs = building.inputs(model, built, count)
     compiled, cells = {}, []
     for name in backends:
@@ -345,31 +419,70 @@ def _cells(built, model, vllm_config, choice, count: int, backends, tree) -> lis
         try:
             compiled[name] = _compiled(built, inputs, vllm_config, choice, name)
         except Exception as e:  # noqa: BLE001 - the cell's result
-            cells.append(_not_run(count, name, _said(e)))
+            cells.append(_failed(count, name, RAISED, e, tree))
         else:
             compiled[name] = (compiled[name], round(time.monotonic() - begun, 1))
     try:
         eager = _eager(built, inputs, vllm_config)
     except Exception as e:  # noqa: BLE001 - the cell's result
         at = _at(tree_frames(e, tree))
-        said = f"eager (the tree's forward, not compiled) fails{at}: {_said(e)}"
-        return [_not_run(count, b, said) for b in backends]
-    vacuous = _vacuous(eager)
-    if vacuous:
-        return [_not_run(count, b, vacuous) for b in backends]
-    for name, (outputs, seconds) in compiled.items():
-        worst, scale = difference(eager, outputs)
-        cells.append(
-            {
-                "tokens": count,
-                "backend": name,
-                "result": verdict(worst, scale),
-                "difference": worst,
-                "largest": scale,
-                "seconds": seconds,
-            }
+        failed = _failed(count, "", EAGER_FAILED, e, tree)
+        failed["message"] = (
+            f"eager (the tree's forward, not compiled) fails{at}: {_said(e)}"
         )
+        cells += [failed | {"backend": name} for name in compiled]
+    else:
+        vacuous = _vacuous(eager)
+        for name, (outputs, seconds) in compiled.items():
+            if vacuous:
+                cells.append(_eager_vacuous(count, name, vacuous))
+                continue
+            worst, scale = difference(eager, outputs)
+            cells.append(
+                {
+                    "tokens": count,
+                    "backend": name,
+                    "result": verdict(worst, scale),
+                    "difference": worst,
+                    "largest": scale,
+                    "seconds": seconds,
+                }
+            )
     return sorted(cells, key=lambda c: backends.index(c["backend"]))
+
+
+def _failed(count: int, backend: str, kind: str, error: BaseException, tree) -> dict:
+    """A cell whose run raised: `error` as limits.py matches it ("<Error>:
+    <first line>", the backend's own where Dynamo wraps it), `message` a
+    few lines of it, and the frames it passed through: the tree's (`files`,
+    `lines`) and ours outside it (`ours`); `not_computed` where the run
+    reached a stand-in with no CPU reference (proof/xpu/uncomputed.py:
+    IPEX's MoE module, say), which no tree's limit excuses."""
+    said = {
+        "tokens": count,
+        "backend": backend,
+        "result": kind,
+        "error": error_of(error),
+        "message": _said(getattr(error, "inner_exception", None) or error),
+        "files": files_of(error, tree),
+        "lines": lines_of(error, tree),
+        "ours": ours_outside(error, tree),
+    }
+    # a stand-in with no CPU reference was run: the proof's limit, said so
+    not_computed = uncomputed.found_in(error)
+    if not_computed:
+        said["not_computed"] = not_computed
+    return said
+
+
+def _eager_vacuous(count: int, backend: str, why: str) -> dict:
+    return {
+        "tokens": count,
+        "backend": backend,
+        "result": EAGER_FAILED,
+        "error": why,
+        "message": why,
+    }
 
 
 def _vacuous(eager: list) -> str:
@@ -402,7 +515,3 @@ def _said(error: BaseException) -> str:
     said = str(error).split("\nfrom user code:")[0].strip()
     lines = [line.strip() for line in said.splitlines() if line.strip()]
     return f"{type(error).__name__}: {' '.join(lines[:4])[:600]}"
-
-
-def _not_run(count: int, backend: str, error: str) -> dict:
-    return {"tokens": count, "backend": backend, "result": NOT_RUN, "error": error}

@@ -23,14 +23,47 @@ KINDS = ("traced", TREE_LIMIT, PROOF_LIMIT, NOT_FOR_THIS_TREE)
 
 
 # numbers.py's results (no torch here): a cell compiled = eager within
-# tolerance, compiled != eager, or not run (eager or the compile raised)
-NUMBERS_DIFFERENT, NUMBERS_NOT_RUN = "different", "not run"
+# tolerance; the failures: compiled != eager, the compiled run raised, the
+# eager run raised or gave nothing to compare (NaN, all zeros), the model
+# not built for the numbers; TREE_LIMIT: a compiled run that raised with an
+# error data/limits.toml names (limits.py). "not run": an entry for other
+# trees only
+NUMBERS_EQUAL, NUMBERS_DIFFERENT, NUMBERS_NOT_RUN = "equal", "different", "not run"
+NUMBERS_RAISED = "compiled raised"
+NUMBERS_EAGER_FAILED = "eager failed"
+NUMBERS_NOT_BUILT = "not built"
+# a run that reached a stand-in with no CPU reference (proof/xpu/
+# uncomputed.py): nothing compared there, the proof's own limit; a failure
+NOT_COMPUTED = (
+    "a stand-in without a CPU reference: the proof's limit, not the tree's; "
+    "a failure until it has one"
+)
+NUMBERS_FAILURES = (
+    NUMBERS_DIFFERENT,
+    NUMBERS_RAISED,
+    NUMBERS_EAGER_FAILED,
+    NUMBERS_NOT_BUILT,
+)
+
+
+def numbers_outcome(cells: list[dict]) -> str:
+    """A configuration's numbers from its cells: its first failure (in
+    NUMBERS_FAILURES' order), else TREE_LIMIT where a cell was excused,
+    else equal."""
+    results = {c["result"] for c in cells}
+    failure = next((r for r in NUMBERS_FAILURES if r in results), "")
+    return failure or (TREE_LIMIT if TREE_LIMIT in results else NUMBERS_EQUAL)
+
+
+def numbers_fail(c: dict) -> bool:
+    """Whether a configuration's numbers fail it."""
+    return c.get("numbers", {}).get("result") in NUMBERS_FAILURES
 
 
 def failing(found: dict) -> bool:
     return any(
         c["result"] not in ("traced", TREE_LIMIT, PROOF_LIMIT, NOT_FOR_THIS_TREE)
-        or c.get("numbers", {}).get("result") == NUMBERS_DIFFERENT
+        or numbers_fail(c)
         for c in found["configurations"]
     )
 
@@ -39,54 +72,110 @@ def _difference(value: float) -> str:
     return "nan" if value != value else f"{value:.3g}"
 
 
+def _at_counts(cells: list[dict]) -> str:
+    return ", ".join(sorted({f"{c['tokens']}" for c in cells}, key=int))
+
+
 def numbers_brief(n: dict) -> str:
     """A configuration's numbers in a few words: compiled = eager (the
-    largest difference of any cell), or where it is not."""
+    largest difference of any cell), or where it is not, where a run raised
+    or what was excused as the tree's limit."""
     cells = n.get("cells", [])
     if not cells:
+        if n.get("result") == NUMBERS_NOT_BUILT:
+            return f"numbers FAIL, not built: {n.get('error', '')}"
         return f"numbers not run: {n.get('error', 'no cell')}"
-    different = [c for c in cells if c["result"] == NUMBERS_DIFFERENT]
-    not_run = [c for c in cells if c["result"] == NUMBERS_NOT_RUN]
-    if different:
-        where = sorted({f"{c['tokens']}" for c in different}, key=int)
-        return f"compiled != eager at {', '.join(where)} tokens"
-    ran = [c for c in cells if c["result"] not in (NUMBERS_DIFFERENT, NUMBERS_NOT_RUN)]
-    said = ""
+    said = []
+    uncomputed = [c for c in cells if c.get("not_computed")]
+    if uncomputed:
+        said.append(
+            f"not computed here at {_at_counts(uncomputed)} tokens (a stand-in "
+            "without a CPU reference: the proof's limit, a failure)"
+        )
+        cells = [c for c in cells if not c.get("not_computed")]
+    for kind, words in (
+        (NUMBERS_DIFFERENT, "compiled != eager"),
+        (NUMBERS_RAISED, "the compiled run raised"),
+        (NUMBERS_EAGER_FAILED, "eager failed or compared nothing"),
+    ):
+        found = [c for c in cells if c["result"] == kind]
+        if found:
+            said.append(f"{words} at {_at_counts(found)} tokens")
+    if said:
+        return "; ".join(said)
+    ran = [c for c in cells if c["result"] == NUMBERS_EQUAL]
     if ran:
         worst = max(c["difference"] for c in ran)
-        said = f"compiled = eager (largest difference {_difference(worst)})"
-    if not_run:
-        where = sorted({f"{c['tokens']}" for c in not_run}, key=int)
-        said += ("; " if said else "") + f"numbers not run at {', '.join(where)}"
-    return said
+        said.append(f"compiled = eager (largest difference {_difference(worst)})")
+    excused = [c for c in cells if c["result"] == TREE_LIMIT]
+    if excused:
+        said.append(f"the tree's limit at {_at_counts(excused)} tokens (not compared)")
+    return "; ".join(said)
 
 
 def numbers_lines(n: dict) -> list[str]:
     """A configuration's numbers, a line per token count: each backend's
-    largest difference from eager and its verdict."""
+    largest difference from eager and its verdict, or the error it raised."""
     lines = [
         "      compiled vs eager, same weights and inputs, traced afresh at "
         "each count (numbers.py; tolerance: 2% of the largest eager value):"
     ]
     if not n.get("cells"):
-        lines.append(f"        not run: {n.get('error', '')}")
+        failed = (
+            "FAIL, not built" if n.get("result") == NUMBERS_NOT_BUILT else "not run"
+        )
+        lines.append(f"        {failed}: {n.get('error', '')}")
     by_count: dict[int, list[dict]] = {}
     for c in n.get("cells", []):
         by_count.setdefault(c["tokens"], []).append(c)
     for count, cells in by_count.items():
         said = []
+        eager = [c for c in cells if c["result"] == NUMBERS_EAGER_FAILED]
         for c in cells:
-            if c["result"] == NUMBERS_NOT_RUN:
-                said.append(f"{c['backend']} not run ({c['error']})")
+            if c in eager:
+                continue
+            if c["result"] == NUMBERS_RAISED and c.get("not_computed"):
+                said.append(
+                    f"{c['backend']} FAIL, not computed here: {c['not_computed']}"
+                    f" ({NOT_COMPUTED})"
+                )
+            elif c["result"] == NUMBERS_RAISED:
+                said.append(
+                    f"{c['backend']} FAIL, raised: {c.get('message', c['error'])}"
+                )
+            elif c["result"] == TREE_LIMIT:
+                said.append(
+                    f"{c['backend']} raised, the tree's limit, not compared: "
+                    f"{c.get('limit', '')} ({c['error']})"
+                )
+            elif c["result"] == NUMBERS_NOT_RUN:
+                said.append(f"{c['backend']} not run ({c.get('error', '')})")
             else:
                 verdict = "FAIL" if c["result"] == NUMBERS_DIFFERENT else "ok"
                 said.append(
                     f"{c['backend']} {_difference(c['difference'])} {verdict} "
                     f"({c['seconds']} s)"
                 )
+        if eager:
+            why = eager[0].get("message", eager[0]["error"])
+            if eager[0].get("not_computed"):
+                why = f"not computed here: {eager[0]['not_computed']} ({NOT_COMPUTED})"
+            said.append(
+                f"{', '.join(c['backend'] for c in eager)} not compared, FAIL: {why}"
+            )
         largest = next((c["largest"] for c in cells if "largest" in c), None)
         beside = f"; largest eager value {_difference(largest)}" if largest else ""
         lines.append(f"        {count} tokens: {', '.join(said)}{beside}")
+        for c in cells:
+            if c.get("ours"):
+                lines.append(
+                    f"          {c['backend']}: through our code outside the tree: "
+                    + ", ".join(c["ours"])
+                )
+            if c.get("not_excused"):
+                lines.append(
+                    f"          {c['backend']}: not excused: {c['not_excused']}"
+                )
     return lines
 
 
@@ -130,7 +219,7 @@ def cell(c: dict, short: bool = False) -> str:
         )
         if c.get("numbers"):
             brief = numbers_brief(c["numbers"])
-            failed = c["numbers"].get("result") == NUMBERS_DIFFERENT
+            failed = numbers_fail(c)
             said = (
                 f"{'fails' if failed else said}; {brief}"
                 if short
@@ -182,9 +271,17 @@ def matrix(found: list[dict]) -> str:
     if compared:
         said.append(
             f"numbers of {len(compared)}: "
-            f"{compared.count('equal')} compiled = eager, "
+            f"{compared.count(NUMBERS_EQUAL)} compiled = eager, "
             f"{compared.count(NUMBERS_DIFFERENT)} compiled != eager, "
-            f"{compared.count(NUMBERS_NOT_RUN)} not run"
+            f"{compared.count(NUMBERS_RAISED)} compiled raised, "
+            f"{compared.count(NUMBERS_EAGER_FAILED)} eager failed, "
+            f"{compared.count(NUMBERS_NOT_BUILT)} not built"
+            + (
+                f", {compared.count(TREE_LIMIT)} with a compiled run excused "
+                "as the tree's limit"
+                if TREE_LIMIT in compared
+                else ""
+            )
         )
     # the excused cells, always counted: what the tree cannot run on XPU
     said.append(f"{counts[TREE_LIMIT]} excused as the tree's limit (data/limits.toml)")
@@ -193,11 +290,7 @@ def matrix(found: list[dict]) -> str:
     if counts[NOT_FOR_THIS_TREE]:
         said.append(f"{counts[NOT_FOR_THIS_TREE]} not for this tree")
     failed = len(cells) - sum(counts.values())
-    failed += sum(
-        c["result"] == "traced"
-        and c.get("numbers", {}).get("result") == NUMBERS_DIFFERENT
-        for c in cells
-    )
+    failed += sum(c["result"] == "traced" and numbers_fail(c) for c in cells)
     if failed:
         said.append(f"{failed} FAIL")
     lines.append("  " + "; ".join(said))
@@ -246,7 +339,7 @@ def _cell_lines(c: dict) -> list[str]:
         said = f"  {c['configuration']} (custom ops: {custom_ops}{tokens}): "
         if c["result"] == "traced":
             numbers = c.get("numbers")
-            failed = bool(numbers) and numbers.get("result") == NUMBERS_DIFFERENT
+            failed = numbers_fail(c)
             lines = [
                 said + f"{'FAIL' if failed else 'ok'}: traced whole, "
                 f"{c['graphs']} graph(s), {c['graph_breaks']} graph break(s)"
@@ -262,6 +355,10 @@ def _cell_lines(c: dict) -> list[str]:
         elif c["result"] == "failed":
             lines = [said + f"FAIL: {_what(c)}"]
             lines.extend(f"      {where}" for where in c["where"])
+            if c.get("ours"):
+                lines.append(
+                    "      through our code outside the tree: " + ", ".join(c["ours"])
+                )
         else:
             lines = [said + "FAIL: the forward was not compiled"]
     if c.get("not_excused"):

@@ -12,6 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
+from xpufakes.common import paths
 from xpufakes.proof.model import build as building
 from xpufakes.proof.model import features
 from xpufakes.proof.model import models as model_data
@@ -124,6 +125,75 @@ def _tree_frames_of(error: BaseException, tree: Path) -> set[tuple[str, int]]:
     return found
 
 
+# Our code outside the tree, where a fault of ours is never the tree's limit
+# (limits.py): the stand-ins (proof/xpu/, the native modules' builtins),
+# the overlay (the reference kernels, the fakes), and this project's vLLM
+# plugin, wherever it is installed
+OURS_OUTSIDE = (
+    "scripts/xpufakes/proof/xpu/",
+    "scripts/xpufakes/trees/natives.py",
+    "vllm_overlay/",
+    "plugin/",
+)
+PLUGIN_PACKAGE = "vllm_xpu_fakes"
+# the proof's own modules: ours where the tree calls them (numbers.py's
+# attention, a feature's stand-in), not where they call the tree; nor the
+# compile backends torch calls, which every error of Dynamo, AOT autograd
+# or Inductor passes through
+HARNESS = "scripts/xpufakes/proof/"
+BACKENDS = {
+    ("scripts/xpufakes/proof/model/trace.py", "backend"),
+    ("scripts/xpufakes/proof/model/trace.py", "keep"),
+    ("scripts/xpufakes/proof/model/numbers.py", "backend"),
+}
+
+
+def _ours(filename: str, name: str, called_by_tree: bool) -> str:
+    """The frame's file as ours ("" if it is not ours): relative to this
+    repository, or from the plugin's package on."""
+    path = Path(filename)
+    parts = path.parts
+    if PLUGIN_PACKAGE in parts[:-1]:
+        return Path(*parts[parts.index(PLUGIN_PACKAGE) :]).as_posix()
+    if not path.is_relative_to(paths.REPO):
+        return ""
+    shown = path.relative_to(paths.REPO).as_posix()
+    if shown.startswith(OURS_OUTSIDE):
+        return shown
+    if called_by_tree and shown.startswith(HARNESS) and (shown, name) not in BACKENDS:
+        return shown
+    return ""
+
+
+def ours_outside(error: BaseException, tree: Path) -> list[str]:
+    """Every frame of our code outside the tree an error passed through
+    ("path:line name"; OURS_OUTSIDE, the plugin's package, and the proof's
+    own code where the tree called it): in its traceback and its chained
+    errors' (cause, context), and Dynamo's user frames of each. The files
+    our fix writes into the tree are judged by their lines (lines_of)."""
+    found, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        frames = list(traceback.extract_tb(error.__traceback__))
+        inside = [Path(f.filename).is_relative_to(tree) for f in frames]
+        first = inside.index(True) if True in inside else len(frames)
+        user = list(getattr(error, "real_stack", None) or [])
+        for i, frame in enumerate([*frames, *user]):
+            path = Path(frame.filename)
+            # the plugin is ours even installed beside vllm/ in the tree (a
+            # site-packages): every other frame in the tree is the tree's
+            if path.is_relative_to(tree) and PLUGIN_PACKAGE not in path.parts[:-1]:
+                continue
+            # the traced code's frames (Dynamo's) are all called by the tree
+            shown = _ours(frame.filename, frame.name, i > first or i >= len(frames))
+            said = f"{shown}:{frame.lineno} {frame.name}"
+            if shown and said not in found:
+                found.append(said)
+        inner = getattr(error, "inner_exception", None)
+        error = inner or error.__cause__ or error.__context__
+    return found
+
+
 def files_of(error: BaseException, tree: Path) -> list[str]:
     """Every file of the tree an error passed through, tree-relative."""
     return sorted({path for path, _ in _tree_frames_of(error, tree)})
@@ -152,6 +222,7 @@ def not_built(error: BaseException, tree: Path, start: float | None = None) -> d
         "where": frames,
         "files": files_of(error, tree),
         "lines": lines_of(error, tree),
+        "ours": ours_outside(error, tree),
         "traceback": "".join(traceback.format_exception(error))[-3000:],
         "graphs": 0,
         "graph_breaks": 0,
@@ -192,6 +263,14 @@ def _observed(error: BaseException) -> str:
                 recorded = f"{name.removeprefix('Observed')}: {line}"
         cause = cause.__cause__ or cause.__context__
     return recorded
+
+
+def error_of(error: BaseException) -> str:
+    """An error of a traced or compiled forward as a listed limit names it:
+    the error Dynamo wraps (a backend's: inner_exception), the traced
+    code's own where Dynamo only observed it, "<Error>: <first line>"."""
+    error = getattr(error, "inner_exception", None) or error
+    return _observed(error) or _first_line(error)
 
 
 def _not_run(kind: str, reason: str, start: float) -> dict:
@@ -320,6 +399,7 @@ def trace_one(
                     "where": where(error, tree),
                     "files": files_of(e, tree),
                     "lines": lines_of(e, tree),
+                    "ours": ours_outside(e, tree),
                 }
                 if not result["where"]:
                     result["traceback"] = traceback.format_exc()[-3000:]

@@ -8,6 +8,8 @@ C/C++ Python extension"."""
 import ctypes
 from collections.abc import Callable
 
+from xpufakes.proof.xpu.uncomputed import NoCPUReference
+
 
 class _PyMethodDef(ctypes.Structure):
     _fields_ = [
@@ -53,7 +55,7 @@ def unavailable(qualname: str) -> Callable:
     """What a native function without a reference does when called."""
 
     def function(*args, **kwargs):
-        raise RuntimeError(
+        raise NoCPUReference(
             f"{qualname} is a stand-in for vLLM's native extension "
             "(not loaded here): the tree calls it while it is imported"
         )

@@ -22,6 +22,7 @@ from xpufakes.common import paths
 from xpufakes.proof.static.schematruth import ESIMD_PACKAGE, choose_commit
 from xpufakes.proof.xpu import defining, esimd_kernels
 from xpufakes.proof.xpu.packages import _DownstreamName
+from xpufakes.proof.xpu.uncomputed import NoCPUReference
 from xpufakes.trees import images
 
 DATA = paths.DATA / "esimd_schemas.toml"
@@ -82,7 +83,7 @@ def _kernel(op: str, returns_nothing: bool = False):
         return writes_only
 
     def unavailable(*args, **kwargs):
-        raise NotImplementedError(
+        raise NoCPUReference(
             f"{op}: the ESIMD stand-in has no CPU reference kernel (no "
             "catalog model reached it); proof/xpu/esimd_kernels.py"
         )

@@ -21,6 +21,7 @@ from xpufakes.proof.xpu.cpu_kernels import (
     rotary_embedding,
     silu_and_mul,
 )
+from xpufakes.proof.xpu.uncomputed import NoCPUReference
 from xpufakes.trees import natives, tree
 
 # Known native functions (a downstream's pybind11 `vllm._C`, csrc/xpu/
@@ -85,7 +86,7 @@ class NativeStandIn(types.ModuleType):
         return function
 
     def __call__(self, *args, **kwargs):
-        raise RuntimeError(
+        raise NoCPUReference(
             f"{self.__name__} is a stand-in for vLLM's native extension "
             "(not loaded here): the tree calls it while it is imported"
         )

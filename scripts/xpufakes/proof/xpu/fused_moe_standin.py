@@ -11,12 +11,14 @@ naming it."""
 
 import torch
 
+from xpufakes.proof.xpu.uncomputed import NoCPUReference
+
 # fused_moe_interface.py@3cab97a:95 (fused_moe_activation), :358 (act_func)
 _ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul"}
 
 
 def _refused(what: str):
-    raise NotImplementedError(
+    raise NoCPUReference(
         f"vllm_xpu_kernels.fused_moe_interface stand-in: {what} is not stood "
         "in (no catalog model reaches it); proof/xpu/fused_moe_standin.py"
     )

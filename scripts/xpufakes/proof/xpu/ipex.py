@@ -42,6 +42,7 @@ from xpufakes.proof.xpu.cpu_kernels import (
     rotary_embedding,
     silu_and_mul,
 )
+from xpufakes.proof.xpu.uncomputed import NoCPUReference
 
 # ---------------------------------------------------------------------------
 # torch_ipex ops beyond the GEMMs, registered as IPEX's XPU build does
@@ -248,7 +249,7 @@ class _XPUOnly:
         pass
 
     def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__} is an XPU-only IPEX stand-in")
+        raise NoCPUReference(f"{type(self).__name__} is an XPU-only IPEX stand-in")
 
     def __getattr__(self, name):
         if name.startswith("__"):

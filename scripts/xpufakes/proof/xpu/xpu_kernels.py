@@ -28,6 +28,7 @@ from xpufakes.proof.xpu.cpu_kernels import (
     rotary_embedding,
 )
 from xpufakes.proof.xpu.device import XPU_DEVICE
+from xpufakes.proof.xpu.uncomputed import NoCPUReference
 
 # ---------------------------------------------------------------------------
 # vllm-xpu-kernels' `_C`: the activations, norms and rotary embedding a
@@ -179,7 +180,7 @@ def stub_xpu_kernel_package() -> None:
 
 def _unavailable(name: str):
     def function(*args, **kwargs):
-        raise RuntimeError(f"vllm_xpu_kernels.{name} is a stand-in stub")
+        raise NoCPUReference(f"vllm_xpu_kernels.{name} is a stand-in stub")
 
     return function
 
@@ -194,7 +195,7 @@ class _XPUKernelModule(types.ModuleType):
             raise AttributeError(name)
 
         def unavailable(*args, **kwargs):
-            raise RuntimeError(f"{self.__name__}.{name} is a stand-in")
+            raise NoCPUReference(f"{self.__name__}.{name} is a stand-in")
 
         setattr(self, name, unavailable)
         return unavailable
