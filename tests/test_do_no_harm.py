@@ -125,8 +125,10 @@ def _apply(tree: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def b31_schema() -> str:
+    """The image's schema of fp8_gemm_w8a16 (a function-scoped fixture: a
+    module-scoped one would hold every test on one worker, conftest.py)."""
     return "_xpu_C::" + images.image_schema(images.kernels_patch(), W8A16)
 
 

@@ -11,7 +11,6 @@ the opt-in tests/test_llm_scaler_trees.py."""
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -38,13 +37,10 @@ def b31() -> Path:
 
 
 def test_the_b31_tree_is_b31(b31):
-    start = time.process_time()
     found = images.recognise(b31)
-    seconds = time.process_time() - start
     assert found.exact and found.image == B31, found.describe()
     assert found.name == "llm-scaler 0.21.0-b3.1" and found.vllm == "0.21.0"
     assert found.files == 110 and found.known == len(images.load()) == 6
-    assert seconds < 1.0, seconds
     # b18beee builds the same release and shares most of b3.1's files: not it
     data = images.load()
     b18 = images.recognise(b31, {B18: data[B18]})
