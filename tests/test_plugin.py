@@ -33,7 +33,7 @@ import pytest
 import torch
 from packaging.metadata import Metadata
 
-from support import grid, releases, standins, tool
+from support import grid, images, releases, standins, tool
 from support import plugin as plugin_support
 from xpufakes.common import paths
 from xpufakes.proof import verify
@@ -543,6 +543,36 @@ def test_kernels_era_plugin_replaces_vllms_wrong_fakes(kernels, site, monkeypatc
         assert "vllm::xpu_fp8_bmm" in state["registered"]
         result = bmm_after["vllm::xpu_fp8_bmm"]
         assert result.failed == 0 and result.passed > 0, result.failures
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("schema", ["image", "renamed"])
+def test_the_plugin_keeps_a_tree_fake_it_is_not_exact_for(schema, site, monkeypatch):
+    """Do no harm, the plugin's way in, on llm-scaler 0.21.0-b3.1 as it is:
+    the image's fp8_gemm_w8a16 schema (read from its kernels patch) gets
+    ours, the fake of that build; with an argument renamed (a schema we do
+    not know) the tree's own fake stays, and the plugin says so."""
+    sys.dont_write_bytecode = True
+    live = images.image_schema(images.kernels_patch(), images.W8A16)
+    if schema == "renamed":
+        live = live.replace("(Tensor A,", "(Tensor input,", 1)
+    library = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: F841
+    library.define(live)
+    libraries = standins.define_standins("0.21.0")  # noqa: F841 - the others
+    xpu_kernels.stub_xpu_kernel_package()
+    sys.path.insert(0, str(images.b31_cached()))
+    registering.import_registering_module(None)
+    assert _owner(images.W8A16) == "vllm._xpu_ops"
+    plugin = _plugin(site, monkeypatch)
+    plugin.register()
+    state = plugin.state()
+    if schema == "image":
+        assert _owner(images.W8A16) == f"{PACKAGE}._xpu_gemm_fakes"
+        assert images.W8A16 in state["registered"], state
+    else:
+        assert _owner(images.W8A16) == "vllm._xpu_ops"
+        assert images.W8A16 not in state["registered"], state
+        assert any(d.startswith(images.W8A16) for d in state["differs"]), state
 
 
 @pytest.mark.forked
