@@ -28,6 +28,7 @@ LAYERS = {
     # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
     "trees": [
         "index names",
+        "logonce",
         "natives pins wheel pysource kernelcxx",
         "pinfacts",
         "record fetch",
