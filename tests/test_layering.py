@@ -36,7 +36,7 @@ LAYERS = {
     ],
     # changing a tree: recipes, series, diffs, the recipe path, the lock
     "changes": [
-        "unidiff selection lock indexerop",
+        "unidiff selection lock indexerop traceablelogs",
         "recipes",
         "series history",
         "engine kernels export opfacts esimdfacts",
