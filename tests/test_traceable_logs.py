@@ -100,6 +100,18 @@ def test_what_is_not_the_traced_xpu_path_is_neither_found_nor_edited():
     tracing_only = cuda.replace("if torch.compiler.is_compiling()", "if not x.ndim")
     (found,) = _once(reach.find(_texts(tracing_only)))
     assert found.callee == "logger.debug_once (vllm.logger)"
+    # logged only under a variable a user sets: said, not counted
+    env = SYM_INT4.replace(
+        '        logger.info_once("Using sym_int4 GEMM for %s", "xpu")\n',
+        "        layout = envs.VLLM_SYM_INT4_LAYOUT\n"
+        "        if layout is not None:\n"
+        '            logger.info_once("layout %s", layout)\n',
+    )
+    (said,) = [f for f in reach.find(_texts(env)) if f.site.line == 19]
+    assert not said.reached
+    assert (
+        said.note == "reached (default) only with VLLM_SYM_INT4_LAYOUT set: not counted"
+    )
     assert traceablelogs.traced_module(QUANT)
     assert not traceablelogs.traced_module("vllm/v1/sample/ops/topk_topp_sampler.py")
 

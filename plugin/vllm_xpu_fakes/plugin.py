@@ -294,7 +294,12 @@ def _ignore_log_once_while_tracing(journal: _Journal) -> str:
     import torch._dynamo.config as dynamo_config
     from vllm import logger as vllm_logger
 
-    ignored = dynamo_config.ignore_logging_functions
+    # the name before torch 2.13 (an alias of it since)
+    ignored = getattr(dynamo_config, "ignore_logging_functions", None)
+    if ignored is None:
+        ignored = getattr(dynamo_config, "ignore_logger_methods", None)
+    if ignored is None:
+        raise RuntimeError("this torch's Dynamo has no ignore_logging_functions")
     # what init_logger binds (0.10.2: the lru_cache'd _print_*_once; later
     # releases: _VllmLogger's methods)
     bound = getattr(vllm_logger, "_METHODS_TO_PATCH", {})

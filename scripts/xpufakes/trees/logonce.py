@@ -172,3 +172,49 @@ def guarded_lines(function: ast.AST, qualify) -> set[int]:
                 if _leaves_other_platforms(stmt):
                     span(block[i + 1 :])
     return lines
+
+
+def _env_var(node: ast.AST) -> str | None:
+    """`envs.<X>` (vllm.envs), `os.environ[...]` / `os.getenv(...)`: the
+    variable it reads."""
+    for inner in ast.walk(node):
+        if (
+            isinstance(inner, ast.Attribute)
+            and isinstance(inner.value, ast.Name)
+            and inner.value.id == "envs"
+        ):
+            return inner.attr
+        if isinstance(inner, ast.Call) and names.dotted(inner.func) in (
+            "os.getenv",
+            "os.environ.get",
+        ):
+            first = inner.args[0] if inner.args else None
+            if isinstance(first, ast.Constant):
+                return str(first.value)
+    return None
+
+
+def env_condition(function: ast.AST, line: int) -> str | None:
+    """The environment variable an `if` around the line tests (directly,
+    or through a local name bound from it: `layout = envs.X` then `if
+    layout is not None:`), or None."""
+    bound = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            variable = _env_var(node.value)
+            for target in targets:
+                if variable and isinstance(target, ast.Name):
+                    bound[target.id] = variable
+    for node in ast.walk(function):
+        if not isinstance(node, ast.If) or not node.body:
+            continue
+        if not node.body[0].lineno <= line <= node.body[-1].end_lineno:
+            continue
+        variable = _env_var(node.test)
+        for inner in ast.walk(node.test):
+            if variable is None and isinstance(inner, ast.Name):
+                variable = bound.get(inner.id)
+        if variable:
+            return variable
+    return None

@@ -758,6 +758,17 @@ def find(
                 # log call there is set-up (the platform's backend choice)
                 finding.configurations = []
                 finding.note = "not counted: " + finding.note
+            env = None
+            if kind == LOGGER_ONCE and finding.reached:
+                env = logonce.env_condition(module.functions[qual], call.lineno)
+            if env:
+                # a message logged only under a variable a user sets: said,
+                # not counted
+                finding.note = (
+                    f"reached ({'; '.join(finding.configurations)}) only with "
+                    f"{env} set: not counted"
+                )
+                finding.configurations = []
             findings.append(finding)
     return findings
 
