@@ -34,7 +34,7 @@ _NOT_TRACED = (
     *(m for r in _DATA["opaque_regions"].values() for m in r["modules"]),
 )
 _OTHER_PLATFORMS = frozenset(_DATA["other_platforms"]["name_parts"])
-_APPLY_NOT_TRACED = frozenset(_DATA["apply_not_traced"]["classes"])
+_APPLY_NOT_TRACED = re.compile(_DATA["apply_not_traced"]["class_pattern"])
 
 GUARD = "if not torch.compiler.is_compiling():"
 ENTRIES = frozenset({"forward", "forward_native", "forward_xpu", "apply"})
@@ -76,7 +76,7 @@ def _traced(functions: dict[str, ast.AST]) -> list[str]:
         for q in functions
         if "." in q
         and q.rsplit(".", 1)[1] in ENTRIES
-        and q.rsplit(".", 2)[-2] not in _APPLY_NOT_TRACED
+        and not _APPLY_NOT_TRACED.search(q.rsplit(".", 2)[-2])
     ]
     seen = set(todo)
     while todo:

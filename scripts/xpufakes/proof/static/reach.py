@@ -235,7 +235,7 @@ def _sink_of(qualified: str, declared: set[str]) -> tuple[str, str] | None:
 
 
 _OUTSIDE_FORWARD = tuple(DATA["outside_forward"]["modules"])
-_APPLY_NOT_TRACED = frozenset(DATA["apply_not_traced"]["classes"])
+_APPLY_NOT_TRACED = re.compile(DATA["apply_not_traced"]["class_pattern"])
 _ENCODER_CLASSES = re.compile(DATA["multimodal_encoders"]["class_pattern"])
 _ENCODER_ONLY = frozenset(DATA["multimodal_encoders"]["classes"])
 ENCODER = "multimodal encoder"
@@ -371,7 +371,7 @@ class _Search:
         if name == "forward" and owner is not None:
             return f"{func.qualname}", [DEFAULT]
         if name in _APPLY and owner is not None:
-            if owner.rsplit(".", 1)[-1] in _APPLY_NOT_TRACED:
+            if _APPLY_NOT_TRACED.search(owner.rsplit(".", 1)[-1]):
                 return "", []
             return f"{func.qualname} (a quantization method's)", [DEFAULT]
         return None
