@@ -369,6 +369,12 @@ CASES = {
         ["f16[M,K]", "f16[N,K]", "f16[M,N] nan"],
         f"{NORM_SHAPES}:100-129 (its TORCH_CHECKs)",
     ),
+    ESIMD + "esimd_gemv_fp16_gelu_mul": (
+        {"N": 256, "K": 512},
+        ["f16[1,K]", "f16[2*N,K]", "f16[1,N] nan"],
+        f"{NORM_SHAPES}:132-145 (its TORCH_CHECKs: one row, weight [2N, K], "
+        "output [1, N]; 133-146 in llm-scaler 25095b4)",
+    ),
     ESIMD + "esimd_rms_norm": (
         {"K": 512},
         ["f16[1,K]", "f16[1,K] nan", "f16[K]", 1e-6],
