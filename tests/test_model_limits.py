@@ -386,7 +386,11 @@ def _raising_cell(error: BaseException, root: Path) -> dict:
     raised = numbers._failed(2, "inductor", numbers.RAISED, error, root)
     equal = {"tokens": 2, "backend": "aot_eager", "result": "equal"}
     equal |= {"difference": 0.0, "largest": 1.0, "seconds": 0.1}
-    cells = [equal, raised]
+    return traced_configuration([equal, raised])
+
+
+def traced_configuration(cells: list[dict]) -> dict:
+    """The default configuration traced whole, with these numbers' cells."""
     return {
         "configuration": "default",
         "result": "traced",

@@ -44,7 +44,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_model_limits import TREE_MODULE, standin_fault, tree_module
+from test_model_limits import (
+    TREE_MODULE,
+    standin_fault,
+    traced_configuration,
+    tree_module,
+)
 from test_model_trace import TREE_PYTHON
 
 from support import downstream, releases, tool
@@ -286,22 +291,11 @@ def run_cells(monkeypatch, tmp_path, eager, compiled) -> list[dict]:
 
 def configuration(cells: list[dict]) -> dict:
     """A model's found result: one traced configuration with these numbers."""
-    said = {"cells": cells, "result": model_report.numbers_outcome(cells)}
     return {
         "model": "m",
         "what": "m",
         "standins": "k",
-        "configurations": [
-            {
-                "configuration": "default",
-                "result": "traced",
-                "graphs": 1,
-                "graph_breaks": 0,
-                "custom_ops": ["none"],
-                "ops": [],
-                "numbers": said,
-            }
-        ],
+        "configurations": [traced_configuration(cells)],
     }
 
 
