@@ -34,17 +34,10 @@ _NOT_TRACED = (
     *(m for r in _DATA["opaque_regions"].values() for m in r["modules"]),
 )
 _OTHER_PLATFORMS = frozenset(_DATA["other_platforms"]["name_parts"])
-_APPLY_NOT_TRACED = re.compile(_DATA["apply_not_traced"]["class_pattern"])
-
 GUARD = "if not torch.compiler.is_compiling():"
-ENTRIES = frozenset({"forward", "forward_native", "forward_xpu", "apply"})
-ENTRIES |= {"apply_weights"}
-_SETUP = re.compile(
-    r"^(__init__|process_weights_after_loading|_?process_weights.*|create_weights"
-    r"|load_weights|.*weight_loader.*|__post_init__)$"
-)
 
-mentions = logonce.mentions
+# a module the edit may change: a `*_once` and a method the forward enters by
+mentions = logonce.may_trace
 
 
 class Refused(Exception):
@@ -69,36 +62,8 @@ def _functions(module: ast.Module) -> dict[str, ast.AST]:
 
 
 def _traced(functions: dict[str, ast.AST]) -> list[str]:
-    """The functions of the file the traced forward runs: the entries and
-    what they call in the file by name, transitively (not set-up)."""
-    todo = [
-        q
-        for q in functions
-        if "." in q
-        and q.rsplit(".", 1)[1] in ENTRIES
-        and not _APPLY_NOT_TRACED.search(q.rsplit(".", 2)[-2])
-    ]
-    seen = set(todo)
-    while todo:
-        qual = todo.pop()
-        owner = qual.rpartition(".")[0]
-        for node in ast.walk(functions[qual]):
-            if not isinstance(node, ast.Call):
-                continue
-            name = names.dotted(node.func)
-            head, _, last = name.rpartition(".")
-            if head in ("self", "cls") and owner:
-                # a method of the class or of a class of the file
-                targets = [q for q in functions if q.rsplit(".", 1)[-1] == last]
-            elif not head:
-                targets = [last] if last in functions else []
-            else:
-                targets = []
-            for target in targets:
-                if target not in seen and not _SETUP.match(target.rsplit(".")[-1]):
-                    seen.add(target)
-                    todo.append(target)
-    return sorted(seen)
+    """The functions of the file the traced forward runs (logonce.py)."""
+    return sorted(logonce.traced_closure(functions))
 
 
 def traced_module(path: str) -> bool:

@@ -12,13 +12,15 @@ compile with fullgraph=True (intel/llm-scaler #699).
 """
 
 import ast
+import re
 import tomllib
 from collections.abc import Callable
 
 from xpufakes.common import paths
 from xpufakes.trees import names
 
-DATA = tomllib.loads((paths.DATA / "untraceable.toml").read_text())["logger_once"]
+_UNTRACEABLE = tomllib.loads((paths.DATA / "untraceable.toml").read_text())
+DATA = _UNTRACEABLE["logger_once"]
 METHODS = frozenset(DATA["methods"])
 FACTORIES = frozenset(DATA["factories"])
 LOGGERS = frozenset(DATA["loggers"])
@@ -28,10 +30,70 @@ OTHER_PLATFORM_TESTS = frozenset(DATA["other_platform_tests"])
 # (dotted name, scope) -> what it may be, fully qualified
 Qualify = Callable[[str, str], list[str]]
 
+# The methods the compiled forward enters a class by, and the set-up it
+# never runs (a `*_once` there is logged while loading, eagerly)
+ENTRIES = frozenset({"forward", "forward_native", "forward_xpu", "apply"})
+ENTRIES |= {"apply_weights"}
+SETUP = re.compile(
+    r"^(__init__|process_weights_after_loading|_?process_weights.*|create_weights"
+    r"|load_weights|.*weight_loader.*|__post_init__)$"
+)
+APPLY_NOT_TRACED = re.compile(_UNTRACEABLE["apply_not_traced"]["class_pattern"])
+_DEFINES_ENTRY = re.compile(
+    r"^\s+(?:async\s+)?def\s+(?:" + "|".join(sorted(ENTRIES)) + r")\s*\(", re.M
+)
+
 
 def mentions(text: str) -> bool:
     """Whether a module's text may call a `*_once` (a cheap pre-filter)."""
     return "_once(" in text and any(f"{m}(" in text for m in METHODS)
+
+
+def may_trace(text: str) -> bool:
+    """Whether a module's text may call a `*_once` where the compiled
+    forward runs it: it also defines a method the forward enters by (the
+    search is of the file: traced_closure)."""
+    return mentions(text) and bool(_DEFINES_ENTRY.search(text))
+
+
+def traced_closure(functions: dict[str, ast.AST]) -> dict[str, tuple[str, int] | None]:
+    """The functions of one file the traced forward runs: each class's
+    entries (ENTRIES; not a class APPLY_NOT_TRACED names) and what they
+    call in the file by name (`self.<name>(...)`, `<name>(...)`),
+    transitively, never set-up. `functions`: qualname -> def, methods of
+    nested classes included. qualname -> None for an entry, else (the
+    caller it was first reached from, the line of that call): the chain up
+    to the entry. The one reach of the file: the audit's search
+    (proof/static/reach.py) and the recipe's edit (changes/traceablelogs.py)
+    read it, so the audit finds what the recipe guards."""
+    found: dict[str, tuple[str, int] | None] = {
+        q: None
+        for q in sorted(functions)
+        if "." in q
+        and q.rsplit(".", 1)[1] in ENTRIES
+        and not APPLY_NOT_TRACED.search(q.rsplit(".", 2)[-2])
+    }
+    todo = list(found)
+    while todo:
+        qual = todo.pop(0)
+        owner = qual.rpartition(".")[0]
+        for node in ast.walk(functions[qual]):
+            if not isinstance(node, ast.Call):
+                continue
+            name = names.dotted(node.func)
+            head, _, last = name.rpartition(".")
+            if head in ("self", "cls") and owner:
+                # a method of the class or of a class of the file
+                targets = sorted(q for q in functions if q.rsplit(".", 1)[-1] == last)
+            elif not head:
+                targets = [last] if last in functions else []
+            else:
+                targets = []
+            for target in targets:
+                if target not in found and not SETUP.match(target.rsplit(".")[-1]):
+                    found[target] = (qual, node.lineno)
+                    todo.append(target)
+    return found
 
 
 def module_imports(module: ast.Module, name: str) -> dict[str, str]:

@@ -165,7 +165,7 @@ _TOP_IMPORTS = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.M)
 
 
 def _may_hold_sinks(text: str) -> bool:
-    if logonce.mentions(text):
+    if logonce.may_trace(text):
         return True
     if any(name in text for name in _NAMED):
         return True
@@ -235,7 +235,7 @@ def _sink_of(qualified: str, declared: set[str]) -> tuple[str, str] | None:
 
 
 _OUTSIDE_FORWARD = tuple(DATA["outside_forward"]["modules"])
-_APPLY_NOT_TRACED = re.compile(DATA["apply_not_traced"]["class_pattern"])
+_APPLY_NOT_TRACED = logonce.APPLY_NOT_TRACED
 _ENCODER_CLASSES = re.compile(DATA["multimodal_encoders"]["class_pattern"])
 _ENCODER_ONLY = frozenset(DATA["multimodal_encoders"]["classes"])
 ENCODER = "multimodal encoder"
@@ -305,6 +305,13 @@ class _Search:
         self._call_lists: dict = {}
         self._callers: dict = {}
         self._bound: dict = {}
+        self._closures: dict = {}
+
+    def traced_closure(self, module: _Module) -> dict:
+        """logonce.traced_closure of a module, found once."""
+        if module.name not in self._closures:
+            self._closures[module.name] = logonce.traced_closure(module.functions)
+        return self._closures[module.name]
 
     # -- what runs inside vLLM's own opaque ops --------------------------------
 
@@ -658,6 +665,10 @@ def _sink_calls(module: _Module, tree: _Tree, declared: set[str]):
     found = []
     ctypes_handles = _ctypes_handles(module)
     loggers = _loggers(module)
+    # a `*_once` counts in the functions of the file the forward runs
+    # (logonce.traced_closure: what the recipe guards); a helper of another
+    # module that logs once is met by the model proof's trace
+    traced = logonce.traced_closure(module.functions) if loggers else {}
     for qual, node in module.functions.items():
         owner = qual.rpartition(".")[0]
         guarded = None
@@ -665,8 +676,8 @@ def _sink_calls(module: _Module, tree: _Tree, declared: set[str]):
             name = names.dotted(call.func)
             if not name:
                 continue
-            local = module.local_imports(qual) if loggers else {}
-            if loggers and logonce.logs_once(name, loggers, local):
+            local = module.local_imports(qual) if qual in traced else {}
+            if qual in traced and logonce.logs_once(name, loggers, local):
                 if guarded is None:
                     guarded = logonce.guarded_lines(
                         node, lambda n, q=qual: module.qualify_all(n, q)
@@ -750,9 +761,13 @@ def find(
                 )
                 findings.append(finding)
                 continue
-            if func not in explained:
-                explained[func] = _explain(search, func, prefer, upwards)
-            finding = explained[func].at(callee, kind, site)
+            if kind == LOGGER_ONCE:
+                finding = _logged_once(search, module, qual, explained, prefer, upwards)
+                finding = finding.at(callee, kind, site)
+            else:
+                if func not in explained:
+                    explained[func] = _explain(search, func, prefer, upwards)
+                finding = explained[func].at(callee, kind, site)
             if kind == LOGGER_ONCE and finding.configurations == [UNRESOLVED]:
                 # XPU code no chain reaches is counted for a kernel call; a
                 # log call there is set-up (the platform's backend choice)
@@ -771,6 +786,30 @@ def find(
                 finding.configurations = []
             findings.append(finding)
     return findings
+
+
+def _logged_once(
+    search: _Search, module: _Module, qual: str, explained: dict, prefer, upwards
+) -> Finding:
+    """A function of the file's traced closure (logonce.traced_closure):
+    its entry's verdict (an entry is found without a search of callers),
+    the chain through the file's calls down to the function."""
+    links = search.traced_closure(module)
+    steps, current = [], qual
+    while links[current] is not None:
+        caller, line = links[current]
+        steps.insert(0, Step(module.path, line, caller))
+        current = caller
+    entry = _Func(module.name, current)
+    if entry not in explained:
+        explained[entry] = _explain(search, entry, prefer, upwards)
+    found = explained[entry]
+    if not steps or not found.chain:
+        return found
+    chain = [*found.chain[:-1], *steps, Step(module.path, 0, qual)]
+    return Finding(
+        "", "", found.site, list(found.configurations), chain, found.entry, found.note
+    )
 
 
 def explain(
