@@ -28,6 +28,7 @@ LAYERS = {
     # a vLLM tree: which release (pins, sdists, wheels, RECORD), its Python
     "trees": [
         "index names",
+        "logonce",
         "natives pins wheel pysource kernelcxx images",
         "pinfacts",
         "record fetch",
@@ -35,7 +36,7 @@ LAYERS = {
     ],
     # changing a tree: recipes, series, diffs, the recipe path, the lock
     "changes": [
-        "unidiff selection lock indexerop",
+        "unidiff selection lock indexerop traceablelogs",
         "recipes",
         "series history",
         "engine kernels export opfacts esimdfacts",

@@ -148,7 +148,10 @@ IPEX_WOQ = (
 WOQ_OUT_FEATURES = ("out_features", 4)
 
 MARK = "__vllm_xpu_fakes_original__"  # on what the plugin put in place
-STEPS = ("fakes", "woq", "rebind")
+STEPS = ("fakes", "woq", "rebind", "logs")
+# vllm/logger.py's methods bound on each vLLM logger; Dynamo refuses any
+# logging.Logger method it is not told to ignore (intel/llm-scaler #699)
+LOG_ONCE = ("debug_once", "info_once", "warning_once", "error_once")
 
 _STATE: dict = {
     "calls": 0,
@@ -158,6 +161,7 @@ _STATE: dict = {
     "differs": [],  # what differs from what the plugin knows (left as is)
     "woq": "",  # how IPEX's WOQ modules are wrapped
     "rebound": [],  # callees now calling their op
+    "logs": [],  # vLLM's logger.*_once that Dynamo skips while tracing
     "copies": [],  # copies of a callee rebound (module.name, Class.name)
     "not_reached": [],  # copies out of reach: filled by unreached() only
     "skipped": "",  # why the plugin did nothing
@@ -199,6 +203,7 @@ def register(caller: str = "") -> dict:
     else:
         _STATE["steps"]["woq"] = "not needed"
     _step("rebind", _rebind_untraceable_calls)
+    _step("logs", _ignore_log_once_while_tracing)
     _STATE["seconds"] = round(time.perf_counter() - start, 4)
     said = summary(kernels)
     if said != _STATE["said"]:
@@ -228,6 +233,8 @@ def summary(kernels: list[str] | None = None) -> str:
         + (", ".join(s["rebound"]) or "none")
         + (f" (+{len(s['copies'])} copies in vLLM's modules)" if s["copies"] else "")
     )
+    if s["logs"]:
+        said.append(f"skipped while Dynamo traces: logger.{'/'.join(s['logs'])}")
     if s["differs"]:
         said.append(f"left as vLLM has it: {'; '.join(s['differs'])}")
     return "; ".join(said)
@@ -276,6 +283,37 @@ def _step(name: str, run: Callable[[_Journal], str]) -> None:
         _STATE["steps"][name] = (
             f"failed ({type(e).__name__}: {e}); undone, as vLLM has it"
         )
+
+
+def _ignore_log_once_while_tracing(journal: _Journal) -> str:
+    """vLLM's `logger.*_once` (what vllm/logger.py's init_logger binds on
+    each logger, its _METHODS_TO_PATCH) added to torch._dynamo.config
+    .ignore_logging_functions: a call the compiled forward runs is skipped
+    while Dynamo traces (as the recipe path's `if not
+    torch.compiler.is_compiling():` does), and logs as before when run
+    eagerly."""
+    import torch._dynamo.config as dynamo_config
+    from vllm import logger as vllm_logger
+
+    # the name before torch 2.13 (an alias of it since)
+    ignored = getattr(dynamo_config, "ignore_logging_functions", None)
+    if ignored is None:
+        ignored = getattr(dynamo_config, "ignore_logger_methods", None)
+    if ignored is None:
+        raise RuntimeError("this torch's Dynamo has no ignore_logging_functions")
+    # what init_logger binds (0.10.2: the lru_cache'd _print_*_once; later
+    # releases: _VllmLogger's methods)
+    bound = getattr(vllm_logger, "_METHODS_TO_PATCH", {})
+    found = [(name, bound[name]) for name in LOG_ONCE if name in bound]
+    if not found:
+        return "not needed"
+    for name, function in found:
+        if function not in ignored:
+            ignored.add(function)
+            journal.undo.append(lambda f=function: ignored.discard(f))
+        if name not in _STATE["logs"]:
+            journal.append(_STATE["logs"], name)
+    return "done"
 
 
 # ---------------------------------------------------------------------------

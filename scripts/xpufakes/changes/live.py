@@ -135,7 +135,9 @@ def _targets(edit: recipes.Edit, sources: dict[str, str]) -> list[tuple[str, boo
         return [
             (p, False)
             for p, text in sources.items()
-            if p not in recipes.OUR_MODULES and edit.anywhere_if(text)
+            if p not in recipes.OUR_MODULES
+            and (edit.where is None or edit.where(p))
+            and edit.anywhere_if(text)
         ]
     if not edit.anywhere:
         return edit.files
@@ -292,6 +294,8 @@ def by_recipe(
         for recipe in recipes.DOWNSTREAM.get(base_pin.era, ()):
             if any(
                 _rewrites_opaque_calls(sources[p], recipes.LYING_KERNEL_CALLS)
+                if edit is not recipes.LOGS_EDIT
+                else _changes(edit, sources[p])
                 for edit in recipe.edits
                 for p, _ in _targets(edit, sources)
             ):

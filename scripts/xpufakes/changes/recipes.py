@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from xpufakes.changes import indexerop
+from xpufakes.changes import indexerop, traceablelogs
 from xpufakes.common import ops, paths
 from xpufakes.common.ops import XPU_C_GEMMS
 from xpufakes.trees import names, pins, pysource
@@ -55,6 +55,8 @@ class Edit:
     # the edit on a live tree (apply's recipe path, export VLLM=), where it
     # is not the series' (it keeps what the tree had: do no harm)
     live: Callable[[str], str] | None = None
+    # with anywhere_if: the files (by path) it may apply to at all
+    where: Callable[[str], bool] | None = None
 
     def on(self, text: str, live: bool) -> str:
         """The edit of a file's text (`live`: on apply's recipe path)."""
@@ -1129,6 +1131,35 @@ DOWNSTREAM: dict[str, tuple[Recipe, ...]] = {
 }
 
 
+# vLLM's logger.*_once on the traced path (traceablelogs.py), on the recipe
+# path of either era: no pinned release has one the edit changes.
+def edit_traceable_logs(text: str) -> str:
+    try:
+        return traceablelogs.edit(text)
+    except traceablelogs.Refused as e:
+        raise RecipeRefusal(str(e)) from None
+
+
+LOGS_PATCH = "xpu-guard-logger-once-calls-on-the-traced-path.patch"
+LOGS_EDIT = Edit(
+    OPAQUE_MODULE,  # nominal: anywhere_if and where choose the files
+    edit_traceable_logs,
+    anywhere_if=traceablelogs.mentions,
+    where=traceablelogs.traced_module,
+    required=False,
+)
+for _era, _number in ((pins.IPEX, "0005"), (pins.KERNELS, "0004")):
+    DOWNSTREAM[_era] = (
+        *DOWNSTREAM.get(_era, ()),
+        Recipe(
+            name=f"{_number}-{LOGS_PATCH}",
+            edits=(LOGS_EDIT,),
+            overlay=(),
+            header=_HEADERS["logonce"] + COMMON_FIELDS,
+        ),
+    )
+
+
 def downstream_work(era: str, sources: dict[str, str]) -> list[str]:
     """The modules of a tree (its Python, by path) that the recipe path's
     DOWNSTREAM recipes of `era` would edit: a call of an image's kernel whose
@@ -1143,6 +1174,8 @@ def downstream_work(era: str, sources: dict[str, str]) -> list[str]:
                 continue
             for path, text in sources.items():
                 if path in OUR_MODULES or not edit.anywhere_if(text):
+                    continue
+                if edit.where is not None and not edit.where(path):
                     continue
                 try:
                     changed = edit.edit(text) != text

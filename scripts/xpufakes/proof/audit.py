@@ -513,7 +513,7 @@ def untraceable_lines(
     the others. `covered`: the callees the installed plugin rebinds."""
     lines = [
         "Calls Dynamo cannot trace (a C extension's function, ctypes, an "
-        "IPEX Python API, a torch_ipex op without a fake):"
+        "IPEX Python API, a torch_ipex op without a fake, vLLM's logger.*_once):"
     ]
     reached = [f for f in findings if f.reached]
     for f in reached:

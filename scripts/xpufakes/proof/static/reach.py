@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 
 from xpufakes.common import paths
 from xpufakes.common.ops import IPEX_GEMM, is_ours
-from xpufakes.trees import names, natives
+from xpufakes.trees import logonce, names, natives
 from xpufakes.trees.pysource import Func as _Func
 from xpufakes.trees.pysource import Module as _Module
 from xpufakes.trees.pysource import SourceTree as _Tree
@@ -69,11 +69,12 @@ from xpufakes.trees.pysource import walk as _walk
 
 DATA = tomllib.loads((paths.DATA / "untraceable.toml").read_text())
 
-NATIVE, CTYPES, IPEX_API, TORCH_IPEX = (
+NATIVE, CTYPES, IPEX_API, TORCH_IPEX, LOGGER_ONCE = (
     "a C extension's function",
     "a ctypes call",
     "an IPEX Python API (XPU-only kernels)",
     "a torch_ipex op without a fake",
+    "vLLM's logger.*_once (a logging.Logger method)",
 )
 DEFAULT = "default"
 UNRESOLVED = "unresolved"
@@ -164,6 +165,8 @@ _TOP_IMPORTS = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.M)
 
 
 def _may_hold_sinks(text: str) -> bool:
+    if logonce.may_trace(text):
+        return True
     if any(name in text for name in _NAMED):
         return True
     if _IMPORTED_NATIVE.search(text):
@@ -232,6 +235,7 @@ def _sink_of(qualified: str, declared: set[str]) -> tuple[str, str] | None:
 
 
 _OUTSIDE_FORWARD = tuple(DATA["outside_forward"]["modules"])
+_APPLY_NOT_TRACED = logonce.APPLY_NOT_TRACED
 _ENCODER_CLASSES = re.compile(DATA["multimodal_encoders"]["class_pattern"])
 _ENCODER_ONLY = frozenset(DATA["multimodal_encoders"]["classes"])
 ENCODER = "multimodal encoder"
@@ -301,6 +305,13 @@ class _Search:
         self._call_lists: dict = {}
         self._callers: dict = {}
         self._bound: dict = {}
+        self._closures: dict = {}
+
+    def traced_closure(self, module: _Module) -> dict:
+        """logonce.traced_closure of a module, found once."""
+        if module.name not in self._closures:
+            self._closures[module.name] = logonce.traced_closure(module.functions)
+        return self._closures[module.name]
 
     # -- what runs inside vLLM's own opaque ops --------------------------------
 
@@ -367,6 +378,8 @@ class _Search:
         if name == "forward" and owner is not None:
             return f"{func.qualname}", [DEFAULT]
         if name in _APPLY and owner is not None:
+            if _APPLY_NOT_TRACED.search(owner.rsplit(".", 1)[-1]):
+                return "", []
             return f"{func.qualname} (a quantization method's)", [DEFAULT]
         return None
 
@@ -651,11 +664,26 @@ def _sink_calls(module: _Module, tree: _Tree, declared: set[str]):
     """(function, call, callee, kind) of each sink call in a module."""
     found = []
     ctypes_handles = _ctypes_handles(module)
+    loggers = _loggers(module)
+    # a `*_once` counts in the functions of the file the forward runs
+    # (logonce.traced_closure: what the recipe guards); a helper of another
+    # module that logs once is met by the model proof's trace
+    traced = logonce.traced_closure(module.functions) if loggers else {}
     for qual, node in module.functions.items():
         owner = qual.rpartition(".")[0]
+        guarded = None
         for call in _calls(node):
             name = names.dotted(call.func)
             if not name:
+                continue
+            local = module.local_imports(qual) if qual in traced else {}
+            if qual in traced and logonce.logs_once(name, loggers, local):
+                if guarded is None:
+                    guarded = logonce.guarded_lines(
+                        node, lambda n, q=qual: module.qualify_all(n, q)
+                    )
+                if call.lineno not in guarded:
+                    found.append((qual, call, f"{name} (vllm.logger)", LOGGER_ONCE))
                 continue
             head = name.split(".")
             if head[0] in ctypes_handles or (
@@ -671,6 +699,11 @@ def _sink_calls(module: _Module, tree: _Tree, declared: set[str]):
                     found.append((qual, call, *sink))
                     break
     return found
+
+
+def _loggers(module: _Module) -> set[str]:
+    """The module-level names bound to a vLLM logger (logonce.py)."""
+    return logonce.loggers(module.aliases, module.imports, module.qualify_all)
 
 
 def _ctypes_handles(module: _Module) -> set[str]:
@@ -728,10 +761,55 @@ def find(
                 )
                 findings.append(finding)
                 continue
-            if func not in explained:
-                explained[func] = _explain(search, func, prefer, upwards)
-            findings.append(explained[func].at(callee, kind, site))
+            if kind == LOGGER_ONCE:
+                finding = _logged_once(search, module, qual, explained, prefer, upwards)
+                finding = finding.at(callee, kind, site)
+            else:
+                if func not in explained:
+                    explained[func] = _explain(search, func, prefer, upwards)
+                finding = explained[func].at(callee, kind, site)
+            if kind == LOGGER_ONCE and finding.configurations == [UNRESOLVED]:
+                # XPU code no chain reaches is counted for a kernel call; a
+                # log call there is set-up (the platform's backend choice)
+                finding.configurations = []
+                finding.note = "not counted: " + finding.note
+            env = None
+            if kind == LOGGER_ONCE and finding.reached:
+                env = logonce.env_condition(module.functions[qual], call.lineno)
+            if env:
+                # a message logged only under a variable a user sets: said,
+                # not counted
+                finding.note = (
+                    f"reached ({'; '.join(finding.configurations)}) only with "
+                    f"{env} set: not counted"
+                )
+                finding.configurations = []
+            findings.append(finding)
     return findings
+
+
+def _logged_once(
+    search: _Search, module: _Module, qual: str, explained: dict, prefer, upwards
+) -> Finding:
+    """A function of the file's traced closure (logonce.traced_closure):
+    its entry's verdict (an entry is found without a search of callers),
+    the chain through the file's calls down to the function."""
+    links = search.traced_closure(module)
+    steps, current = [], qual
+    while links[current] is not None:
+        caller, line = links[current]
+        steps.insert(0, Step(module.path, line, caller))
+        current = caller
+    entry = _Func(module.name, current)
+    if entry not in explained:
+        explained[entry] = _explain(search, entry, prefer, upwards)
+    found = explained[entry]
+    if not steps or not found.chain:
+        return found
+    chain = [*found.chain[:-1], *steps, Step(module.path, 0, qual)]
+    return Finding(
+        "", "", found.site, list(found.configurations), chain, found.entry, found.note
+    )
 
 
 def explain(
