@@ -118,8 +118,9 @@ def test_what_is_not_the_traced_xpu_path_is_neither_found_nor_edited():
 
 def test_no_pinned_release_has_a_site_the_recipe_changes():
     """The recipe changes nothing of a pinned release (so none is taken off
-    its series): every file, on the first and newest releases of each era
-    and 0.28.0 (whose multimodal processor's apply logs once)."""
+    its series): every file, on the first release of each era, the last
+    pinned (releases.newest()) and 0.28.0 (whose multimodal processor's
+    apply logs once)."""
     for version in ("0.10.2", "0.21.0", "0.28.0", releases.newest()):
         texts = _sources(version)
         changed = [
