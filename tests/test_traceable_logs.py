@@ -82,6 +82,30 @@ def test_the_audit_finds_a_logger_once_in_a_traced_apply_and_the_edit_guards_it(
     assert traceablelogs.edit(without) == without
 
 
+def test_a_call_that_is_a_whole_if_body_has_the_guard_joined_to_the_if():
+    """The trees' ruff refuses an `if` whose whole body is another `if`
+    (SIM102: llm-scaler b3.1's gemma4.py:717-718 `if not
+    self._esimd_shape_ok: logger.warning_once(...)`, which the nested guard
+    failed in tests/test_tree_checks_of_apply.py): the guard joins the test
+    (an `or` in parentheses); where the joined line would pass 88 columns,
+    or the `if` has an else, the guard nests (negative controls)."""
+    body = '        logger.info_once("Using sym_int4 GEMM for %s", "xpu")\n'
+    call = '            logger.info_once("Using sym_int4 GEMM for %s", "xpu")\n'
+    joined = SYM_INT4.replace(body, f"        if x.ndim == 2 or bias:\n{call}")
+    edited = traceablelogs.edit(joined)
+    assert (
+        "        if (x.ndim == 2 or bias) and not torch.compiler.is_compiling():\n"
+        + call
+    ) in edited
+    assert _once(reach.find(_texts(edited))) == []
+    assert traceablelogs.edit(edited) == edited
+    long = SYM_INT4.replace(body, f"        if {'x.ndim == 2 and ' * 4}bias:\n{call}")
+    nested = "    if not torch.compiler.is_compiling():\n"
+    assert nested in traceablelogs.edit(long)
+    with_else = joined.replace(call, call + "        else:\n            pass\n")
+    assert nested in traceablelogs.edit(with_else)
+
+
 def test_what_is_not_the_traced_xpu_path_is_neither_found_nor_edited():
     """A call another platform's branch holds, one already guarded, one in
     the else of `if is_compiling()` (runs only while tracing: found), and a

@@ -120,14 +120,21 @@ def sites(text: str, path: str = "vllm/module.py") -> list[ast.Expr]:
 
 def edit(text: str, path: str = "vllm/module.py") -> str:
     """Each site under `if not torch.compiler.is_compiling():` (the module
-    imports torch if it does not)."""
+    imports torch if it does not); a site that is the whole body of an `if`
+    has the guard joined to that `if`'s test instead (`if <test> and not
+    torch.compiler.is_compiling():`), the form the trees' ruff asks for
+    (SIM102), where it fits on the line."""
     if not mentions(text):
         return text
     chosen = sites(text, path)
     if not chosen:
         return text
     lines = text.splitlines(keepends=True)
+    sole = _sole_statements(ast.parse(text))
     for stmt in reversed(chosen):
+        header = sole.get(stmt.lineno)
+        if header is not None and _join_guard(lines, header):
+            continue
         first = lines[stmt.lineno - 1]
         indent = first[: stmt.col_offset]
         if indent.strip():
@@ -144,6 +151,46 @@ def edit(text: str, path: str = "vllm/module.py") -> str:
     if not _imports_torch(ast.parse(text)):
         edited = _add_torch_import(edited)
     return edited
+
+
+# The trees' line length (ruff's default, vLLM's pyproject.toml)
+LINE_LENGTH = 88
+# tests that `and` would bind into (lower precedence, or a walrus): in
+# parentheses when the guard joins them (and an `or`, below)
+_LOOSER = (ast.IfExp, ast.Lambda, ast.NamedExpr)
+
+
+def _sole_statements(module: ast.Module) -> dict[int, ast.If]:
+    """line -> the `if` whose whole body is the statement on that line (no
+    else): a guard nested in it is what the trees' ruff refuses (SIM102,
+    collapsible if), so the guard joins its test."""
+    return {
+        node.body[0].lineno: node
+        for node in ast.walk(module)
+        if isinstance(node, ast.If) and len(node.body) == 1 and not node.orelse
+    }
+
+
+def _join_guard(lines: list[str], header: ast.If) -> bool:
+    """`if <test>:` made `if <test> and not torch.compiler.is_compiling():`
+    in place, where the test is on the `if`'s own line and the line stays
+    within LINE_LENGTH; False (nothing changed) otherwise."""
+    test = header.test
+    if not test.lineno == test.end_lineno == header.lineno:
+        return False
+    line = lines[header.lineno - 1].encode()  # ast's columns are UTF-8 bytes
+    start, end = test.col_offset, test.end_col_offset
+    inner = line[start:end]
+    if isinstance(test, _LOOSER) or (
+        isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or)
+    ):
+        inner = b"(" + inner + b")"
+    guard = GUARD.removeprefix("if ").removesuffix(":").encode()
+    joined = (line[:start] + inner + b" and " + guard + line[end:]).decode()
+    if len(joined.rstrip("\n")) > LINE_LENGTH:
+        return False
+    lines[header.lineno - 1] = joined
+    return True
 
 
 def _imports_torch(module: ast.Module) -> bool:
