@@ -124,15 +124,17 @@ def _group(item) -> str | None:
     if not shared:
         return None
     if item.path.name in ONE_WORKER:
-        return item.path.name
+        return "stagings"
     return f"{item.path.name}:{','.join(sorted(shared))}"
 
 
-# Modules whose groups run one after another on one worker: test_stage.py's
-# stagings share the tree checks' environment and mypy cache (in the tool's
-# cache), which the first one builds cold (2–3 min); two cold at once on both
-# workers cost twice that, the later ones are warm.
-ONE_WORKER = ("test_stage.py",)
+# Modules whose tests run one after another on one worker (one group):
+# their stagings share the tree checks' environment and mypy cache (in the
+# tool's cache), which the first one builds cold (2–3 min); two cold at once
+# on both workers cost twice that, or one worker waits on the other's lock
+# (test_stage_indexer.py's set-up: 198 s in a cold CI run, 117 s beside it
+# warm), the later ones are warm.
+ONE_WORKER = ("test_stage.py", "test_stage_indexer.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups: docs/testing.md
