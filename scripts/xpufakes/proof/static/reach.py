@@ -79,10 +79,7 @@ NATIVE, CTYPES, IPEX_API, TORCH_IPEX, LOGGER_ONCE = (
 DEFAULT = "default"
 UNRESOLVED = "unresolved"
 
-_SETUP = re.compile(
-    r"^(__init__|process_weights_after_loading|_?process_weights.*|create_weights"
-    r"|load_weights|.*weight_loader.*|__post_init__)$"
-)
+_SETUP = logonce.SETUP  # set-up the compiled forward never runs
 OTHER_PLATFORMS = frozenset(
     {
         "forward_cuda",
@@ -660,7 +657,7 @@ def _appends(text: str, needle: re.Pattern) -> list[tuple[int, str]]:
     return found
 
 
-def _sink_calls(module: _Module, tree: _Tree, declared: set[str]):
+def _sink_calls(module: _Module, search: _Search, declared: set[str]):
     """(function, call, callee, kind) of each sink call in a module."""
     found = []
     ctypes_handles = _ctypes_handles(module)
@@ -668,7 +665,7 @@ def _sink_calls(module: _Module, tree: _Tree, declared: set[str]):
     # a `*_once` counts in the functions of the file the forward runs
     # (logonce.traced_closure: what the recipe guards); a helper of another
     # module that logs once is met by the model proof's trace
-    traced = logonce.traced_closure(module.functions) if loggers else {}
+    traced = search.traced_closure(module) if loggers else {}
     for qual, node in module.functions.items():
         owner = qual.rpartition(".")[0]
         guarded = None
@@ -750,7 +747,7 @@ def find(
         module = search.tree.module(name)
         if module is None:
             continue
-        for qual, call, callee, kind in _sink_calls(module, search.tree, declared):
+        for qual, call, callee, kind in _sink_calls(module, search, declared):
             func = _Func(module.name, qual)
             site = Step(path, call.lineno, qual)
             if not ipex and kind in (IPEX_API, TORCH_IPEX):
