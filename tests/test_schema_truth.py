@@ -24,7 +24,8 @@ PACKAGE = "custom_esimd_kernels_vllm"
 
 # The package's C++: the schemas are filled in by each test. Each function
 # casts what it reads to a const pointer and what it writes to a writable
-# one, as llm-scaler's package does.
+# one, as llm-scaler's package does; toy_fill hands its tensors to a
+# function outside the package, of which the reader knows nothing.
 CXX = """
 #include <torch/library.h>
 
@@ -42,7 +43,7 @@ void toy_two(at::Tensor x, at::Tensor out, at::Tensor out2) {
 }
 
 void toy_fill(at::Tensor x, at::Tensor out) {
-    fill(x.data_ptr(), out.data_ptr());
+    fill_tensors(x, out);
 }
 
 TORCH_LIBRARY(custom_esimd_kernels_vllm, m) {
@@ -198,8 +199,8 @@ def test_each_class_of_lie_and_its_truthful_schema():
     assert _kinds(lies, GEMM) == {("a", "output"), ("b", "output")}
     # (a) alone: writes `out` unmarked, marks `out2`
     assert _kinds(lies, TWO) == {("a", "out")}
-    # (c): returns nothing and marks nothing; the C++ passes both pointers
-    # writable (no const anywhere): no word about what it writes
+    # (c): returns nothing and marks nothing; the C++ hands both tensors to
+    # a function outside the package: no word about what it writes
     assert _kinds(lies, FILL) == {("c", "")}
     truths = _check(texts, TRUTHS)
     assert not {GEMM, TWO, FILL} & set(truths), truths.keys()
@@ -209,7 +210,7 @@ def test_the_evidence_and_when_it_is_compiled():
     found = _check(_tree(), LIES)
     gemm = found[GEMM]
     (a,) = [x for x in gemm.lies if x.kind == "a"]
-    assert a.evidence[0] == "writable pointer (csrc/toy.cc:7)"
+    assert a.evidence[0] == "writable pointer handed to launch (csrc/toy.cc:7)"
     assert a.evidence[1] == "returns it (csrc/toy.cc:8)"
     site = "vllm/model_executor/layers/quantization/toy.py:19"
     assert f"{site} drops the result and reads `out` after (line 20)" in a.evidence
@@ -350,10 +351,117 @@ def test_the_cxx_reader_takes_evidence_only_where_the_code_says_it():
     returns, writes = kernelcxx.evidence(found["f"], found)
     # c is a new tensor (bound anew), a read through a const pointer
     assert returns == []
-    assert [(e.param, e.how, e.line) for e in writes] == [("b", "writable pointer", 4)]
+    assert [(e.param, e.how, e.line) for e in writes] == [
+        ("b", "writable pointer handed to k", 4)
+    ]
     returns, writes = kernelcxx.evidence(found["g"], found)
     assert [(e.param, e.line) for e in returns] == [("b", 11)]
-    assert writes == []  # every pointer writable: says nothing
+    # every pointer writable, handed to a function the reader does not
+    # know: both count as written (sound: a read is shown, never assumed)
+    assert [(e.param, e.how, e.line) for e in writes] == [
+        ("a", "writable pointer handed to k (through pa, x.cc:10)", 9),
+        ("b", "writable pointer handed to k (through pb, x.cc:10)", 9),
+    ]
+
+
+# llm-scaler's fused GEMVs, small (b18beee csrc/xpu/esimd_kernel.sycl:155,
+# esimd_kernels/fp8_GEMV_v2.h:441-520): every pointer taken writable by
+# EXTRACT_PTR, gathered into arrays, handed to a templated host function
+# that casts what it reads to const and sets a kernel's fields, whose
+# member function stores through the output it picks by index.
+FUSED = """
+#define EXTRACT_PTR(var, t) auto var = reinterpret_cast<uint8_t*>(t.data_ptr())
+
+template<int COUNT>
+struct Fused_kernel {
+    const fp16* input;
+    const uint8_t* weights[COUNT];
+    fp16* outputs[COUNT];
+    int K;
+
+    void row(int i, int n) const SYCL_ESIMD_FUNCTION {
+        fp16* o_ptr = outputs[i];
+        simd<fp16, 8> x = block_load<fp16, 8>(input + n);
+        o_ptr[n] = fp16(reduce<float>(x, std::plus<>()));
+    }
+    void operator()(sycl::nd_item<1> item) const SYCL_ESIMD_KERNEL {
+        row(item.get_group(0) % COUNT, item.get_local_id(0));
+    }
+};
+
+template<int COUNT>
+inline void fused_host(uint8_t* input_data, uint8_t* weight_ptrs[COUNT],
+                       uint8_t* output_ptrs[COUNT], int K, sycl::queue& q) {
+    auto* p_in = reinterpret_cast<const fp16*>(input_data);
+    q.submit([&](sycl::handler& h) {
+        Fused_kernel<COUNT> kern;
+        kern.input = p_in;
+        for (int i = 0; i < COUNT; i++) {
+            kern.weights[i] = reinterpret_cast<const uint8_t*>(weight_ptrs[i]);
+            kern.outputs[i] = reinterpret_cast<OUT*>(output_ptrs[i]);
+        }
+        h.parallel_for(sycl::nd_range<1>(K, 1), kern);
+    });
+}
+
+at::Tensor fused2(at::Tensor input, at::Tensor w0, at::Tensor o0,
+                  at::Tensor w1, at::Tensor o1) {
+    EXTRACT_PTR(p_in, input);
+    EXTRACT_PTR(pw0, w0); EXTRACT_PTR(po0, o0);
+    EXTRACT_PTR(pw1, w1); EXTRACT_PTR(po1, o1);
+    TORCH_CHECK(o0.data_ptr() != o1.data_ptr());
+    uint8_t* wp[2] = {pw0, pw1};
+    uint8_t* op[2] = {po0, po1};
+    fused_host<2>(p_in, wp, op, (int)w0.size(1), get_device_queue(input));
+    return o0;
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "variant, written",
+    [
+        # both outputs written, the inputs and weights only read
+        ("fp16", ["o0", "o1"]),
+        # negative control: the same flow, the outputs cast to const: read
+        ("const fp16", []),
+    ],
+)
+def test_a_pointer_is_written_unless_the_code_shows_it_read_only(variant, written):
+    """EXTRACT_PTR's writable pointers, pointer arrays, a templated host
+    call and a kernel's fields are followed: `o1`, which the fused GEMVs
+    write and do not return, is a write (issue 51); what the code shows
+    read-only (const casts, block_load, a check) is not."""
+    text = textwrap.dedent(FUSED).replace("OUT", variant)
+    found = kernelcxx.functions("fused.sycl", text)
+    assert "struct Fused_kernel" in found
+    returns, writes = kernelcxx.evidence(found["fused2"], found)
+    assert [e.param for e in returns] == ["o0"]
+    assert [e.param for e in writes] == written
+    if written:
+        (o1,) = [e for e in writes if e.param == "o1"]
+        assert o1.how.startswith("written through"), o1.how
+        assert (
+            o1.line
+            == text.splitlines().index(
+                "    EXTRACT_PTR(pw1, w1); EXTRACT_PTR(po1, o1);"
+            )
+            + 1
+        )
+
+
+def test_an_output_pointer_handed_where_the_reader_cannot_follow_is_written():
+    """Sound by construction: a pointer handed to a function outside the
+    package, kept where the reader does not look, counts as written."""
+    text = textwrap.dedent(FUSED).replace("OUT", "const fp16")
+    text = text.replace(
+        "    return o0;\n}", "    external_copy(po1, 16);\n    return o0;\n}"
+    )
+    found = kernelcxx.functions("fused.sycl", text)
+    _, writes = kernelcxx.evidence(found["fused2"], found)
+    assert [(e.param, e.how.split(" (")[0]) for e in writes] == [
+        ("o1", "writable pointer handed to external_copy")
+    ]
 
 
 def test_schemas_are_read_from_m_def_strings_with_file_and_line():

@@ -40,9 +40,9 @@ FINDINGS = {
     ESIMD + "esimd_gemm_fp8_pert": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_gemm_int4_pgrp": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_gemv_fp8_pert": {"a": ["output"], "b": ["output"]},
-    ESIMD + "esimd_gemv_fp8_pert_fused2": {"a": ["o0"], "b": ["o0"]},
+    ESIMD + "esimd_gemv_fp8_pert_fused2": {"a": ["o0", "o1"], "b": ["o0"]},
     ESIMD + "esimd_gemv_int4": {"a": ["output"], "b": ["output"]},
-    ESIMD + "esimd_gemv_int4_fused2": {"a": ["o0"], "b": ["o0"]},
+    ESIMD + "esimd_gemv_int4_fused2": {"a": ["o0", "o1"], "b": ["o0"]},
     ESIMD + "esimd_gemv_fp16": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_rms_norm": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_rms_norm_gated": {"a": ["output"], "b": ["output"]},
@@ -66,11 +66,11 @@ FINDINGS = {
     ESIMD + "esimd_norm_gemv_fp8_pert": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_norm_gemv_int4_pert": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_resadd_norm_gemv_fp8_pert": {
-        "a": ["hidden_states", "normed_out", "output", "residual"],
+        "a": ["normed_out", "output", "residual"],
         "b": ["output"],
     },
     ESIMD + "esimd_resadd_norm_gemv_int4_pert": {
-        "a": ["hidden_states", "normed_out", "output", "residual"],
+        "a": ["normed_out", "output", "residual"],
         "b": ["output"],
     },
     ESIMD + "esimd_moe_gelu_tanh_mul": {"a": ["output"], "b": ["output"]},
@@ -78,10 +78,10 @@ FINDINGS = {
     ESIMD + "esimd_accum_norm_add_norm": {"a": ["h1", "out"], "c": [""]},
     ESIMD + "esimd_gemv_fp16_gelu_mul": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_gemv_fp8_pern": {"a": ["output"], "b": ["output"]},
-    ESIMD + "esimd_gemv_fp8_pern_fused2": {"a": ["o0"], "b": ["o0"]},
-    ESIMD + "esimd_gemv_fp8_pern_fused3": {"a": ["o0"], "b": ["o0"]},
+    ESIMD + "esimd_gemv_fp8_pern_fused2": {"a": ["o0", "o1"], "b": ["o0"]},
+    ESIMD + "esimd_gemv_fp8_pern_fused3": {"a": ["o0", "o1", "o2"], "b": ["o0"]},
     ESIMD + "esimd_gemv_fp8_pert_bmg": {"a": ["output"], "b": ["output"]},
-    ESIMD + "esimd_gemv_fp8_pert_fused3": {"a": ["o0"], "b": ["o0"]},
+    ESIMD + "esimd_gemv_fp8_pert_fused3": {"a": ["o0", "o1", "o2"], "b": ["o0"]},
     ESIMD + "esimd_moe_gather": {"a": ["final_hidden"], "b": ["final_hidden"]},
     ESIMD + "esimd_moe_gemm_fp8": {"a": ["output"], "b": ["output"]},
     ESIMD + "esimd_moe_gemm_fp8_pert": {"a": ["output"], "b": ["output"]},
@@ -90,20 +90,23 @@ FINDINGS = {
         "b": ["scattered_hidden"],
     },
     ESIMD + "esimd_moe_scatter_fused": {
-        "a": ["expert_start", "scattered_hidden", "scattered_weights"],
+        "a": [
+            "expert_start",
+            "max_tokens_out",
+            "scattered_hidden",
+            "scattered_weights",
+            "topk_ids",
+        ],
         "b": ["scattered_hidden"],
     },
     ESIMD + "esimd_moe_silu_mul": {"a": ["output"], "b": ["output"]},
-    ESIMD + "esimd_moe_topk": {"a": ["top_values"], "b": ["top_values"]},
-    ESIMD + "esimd_resadd_norm_gemv2_fp8_pert": {
-        "a": ["hidden_states", "o0", "o1", "residual"],
-        "b": ["o0"],
-    },
+    ESIMD + "esimd_moe_topk": {"a": ["top_indices", "top_values"], "b": ["top_values"]},
+    ESIMD + "esimd_resadd_norm_gemv2_fp8_pert": {"a": ["o0", "o1"], "b": ["o0"]},
     ESIMD + "esimd_scaled_resadd_norm_gemv_fp8_pert": {
-        "a": ["hidden_states", "qkv_out", "residual"],
+        "a": ["qkv_out", "residual"],
         "c": [""],
     },
-    "esimd_topk_v2::topk_v2": {"a": ["top_values"], "b": ["top_values"]},
+    "esimd_topk_v2::topk_v2": {"a": ["top_indices", "top_values"], "b": ["top_values"]},
     # upstream: vllm-xpu-kernels (data/xpu_c_writes.toml) and vLLM's own op
     "_xpu_C::fp8_gemm_out": {"b": ["out"]},
     "_xpu_C::topk_topp_sampler": {"a": ["logits_to_return"]},
@@ -125,27 +128,37 @@ EVIDENCE = {
 # the lines of the C++ each op's findings cite (the data's `at`)
 WHERE = {
     "custom_esimd_kernels_vllm::esimd_gemm_fp8_blockscale": [
-        "csrc/xpu/esimd_kernel_gemm.sycl:135",
+        "csrc/xpu/esimd_kernel_gemm.sycl:129",
         "csrc/xpu/esimd_kernel_gemm.sycl:138",
     ],
     "custom_esimd_kernels_vllm::esimd_gemm_fp8_pert": [
-        "csrc/xpu/esimd_kernel_gemm.sycl:45",
+        "csrc/xpu/esimd_kernel_gemm.sycl:39",
         "csrc/xpu/esimd_kernel_gemm.sycl:48",
     ],
     "custom_esimd_kernels_vllm::esimd_gemm_int4_pgrp": [
-        "csrc/xpu/esimd_kernel_gemm.sycl:88",
+        "csrc/xpu/esimd_kernel_gemm.sycl:82",
         "csrc/xpu/esimd_kernel_gemm.sycl:90",
     ],
-    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert": ["csrc/xpu/esimd_kernel.sycl:97"],
-    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert_fused2": [
-        "csrc/xpu/esimd_kernel.sycl:170"
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert": [
+        "csrc/xpu/esimd_kernel.sycl:94",
+        "csrc/xpu/esimd_kernel.sycl:97",
     ],
-    "custom_esimd_kernels_vllm::esimd_gemv_int4": ["csrc/xpu/esimd_kernel.sycl:209"],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert_fused2": [
+        "csrc/xpu/esimd_kernel.sycl:162",
+        "csrc/xpu/esimd_kernel.sycl:163",
+        "csrc/xpu/esimd_kernel.sycl:170",
+    ],
+    "custom_esimd_kernels_vllm::esimd_gemv_int4": [
+        "csrc/xpu/esimd_kernel.sycl:206",
+        "csrc/xpu/esimd_kernel.sycl:209",
+    ],
     "custom_esimd_kernels_vllm::esimd_gemv_int4_fused2": [
-        "csrc/xpu/esimd_kernel.sycl:229"
+        "csrc/xpu/esimd_kernel.sycl:221",
+        "csrc/xpu/esimd_kernel.sycl:222",
+        "csrc/xpu/esimd_kernel.sycl:229",
     ],
     "custom_esimd_kernels_vllm::esimd_gemv_fp16": [
-        "csrc/xpu/esimd_kernel.sycl:124",
+        "csrc/xpu/esimd_kernel.sycl:127",
         "csrc/xpu/esimd_kernel.sycl:129",
     ],
     "custom_esimd_kernels_vllm::esimd_rms_norm": [
@@ -188,14 +201,12 @@ WHERE = {
         "csrc/xpu/esimd_kernel.sycl:462",
     ],
     "custom_esimd_kernels_vllm::esimd_resadd_norm_gemv_fp8_pert": [
-        "csrc/xpu/esimd_kernel.sycl:332",
         "csrc/xpu/esimd_kernel.sycl:333",
         "csrc/xpu/esimd_kernel.sycl:337",
         "csrc/xpu/esimd_kernel.sycl:338",
         "csrc/xpu/esimd_kernel.sycl:342",
     ],
     "custom_esimd_kernels_vllm::esimd_resadd_norm_gemv_int4_pert": [
-        "csrc/xpu/esimd_kernel.sycl:392",
         "csrc/xpu/esimd_kernel.sycl:393",
         "csrc/xpu/esimd_kernel.sycl:397",
         "csrc/xpu/esimd_kernel.sycl:398",
@@ -213,19 +224,30 @@ WHERE = {
         "csrc/xpu/esimd_kernel.sycl:150",
         "csrc/xpu/esimd_kernel.sycl:152",
     ],
-    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pern": ["csrc/xpu/esimd_kernel.sycl:47"],
+    "custom_esimd_kernels_vllm::esimd_gemv_fp8_pern": [
+        "csrc/xpu/esimd_kernel.sycl:44",
+        "csrc/xpu/esimd_kernel.sycl:47",
+    ],
     "custom_esimd_kernels_vllm::esimd_gemv_fp8_pern_fused2": [
-        "csrc/xpu/esimd_kernel.sycl:64"
+        "csrc/xpu/esimd_kernel.sycl:56",
+        "csrc/xpu/esimd_kernel.sycl:57",
+        "csrc/xpu/esimd_kernel.sycl:64",
     ],
     "custom_esimd_kernels_vllm::esimd_gemv_fp8_pern_fused3": [
-        "csrc/xpu/esimd_kernel.sycl:83"
+        "csrc/xpu/esimd_kernel.sycl:74",
+        "csrc/xpu/esimd_kernel.sycl:75",
+        "csrc/xpu/esimd_kernel.sycl:76",
+        "csrc/xpu/esimd_kernel.sycl:83",
     ],
     "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert_bmg": [
         "csrc/xpu/esimd_kernel.sycl:667",
         "csrc/xpu/esimd_kernel.sycl:669",
     ],
     "custom_esimd_kernels_vllm::esimd_gemv_fp8_pert_fused3": [
-        "csrc/xpu/esimd_kernel.sycl:190"
+        "csrc/xpu/esimd_kernel.sycl:181",
+        "csrc/xpu/esimd_kernel.sycl:182",
+        "csrc/xpu/esimd_kernel.sycl:183",
+        "csrc/xpu/esimd_kernel.sycl:190",
     ],
     "custom_esimd_kernels_vllm::esimd_moe_gather": [
         "csrc/xpu/esimd_kernel_moe.sycl:173",
@@ -247,7 +269,9 @@ WHERE = {
     "custom_esimd_kernels_vllm::esimd_moe_scatter_fused": [
         "csrc/xpu/esimd_kernel_moe.sycl:124",
         "csrc/xpu/esimd_kernel_moe.sycl:125",
+        "csrc/xpu/esimd_kernel_moe.sycl:126",
         "csrc/xpu/esimd_kernel_moe.sycl:127",
+        "csrc/xpu/esimd_kernel_moe.sycl:128",
         "csrc/xpu/esimd_kernel_moe.sycl:132",
     ],
     "custom_esimd_kernels_vllm::esimd_moe_silu_mul": [
@@ -256,22 +280,20 @@ WHERE = {
     ],
     "custom_esimd_kernels_vllm::esimd_moe_topk": [
         "csrc/xpu/esimd_kernel_moe.sycl:80",
+        "csrc/xpu/esimd_kernel_moe.sycl:81",
         "csrc/xpu/esimd_kernel_moe.sycl:83",
     ],
     "custom_esimd_kernels_vllm::esimd_resadd_norm_gemv2_fp8_pert": [
-        "csrc/xpu/esimd_kernel.sycl:422",
-        "csrc/xpu/esimd_kernel.sycl:423",
         "csrc/xpu/esimd_kernel.sycl:427",
         "csrc/xpu/esimd_kernel.sycl:430",
         "csrc/xpu/esimd_kernel.sycl:434",
     ],
     "custom_esimd_kernels_vllm::esimd_scaled_resadd_norm_gemv_fp8_pert": [
-        "csrc/xpu/esimd_kernel.sycl:601",
         "csrc/xpu/esimd_kernel.sycl:602",
         "csrc/xpu/esimd_kernel.sycl:606",
     ],
     "esimd_topk_v2::topk_v2": [
-        "csrc/xpu/esimd_kernel_topk_v2.sycl:27",
+        "csrc/xpu/esimd_kernel_topk_v2.sycl:31",
         "csrc/xpu/esimd_kernel_topk_v2.sycl:46",
     ],
     "_xpu_C::fp8_gemm_out": [

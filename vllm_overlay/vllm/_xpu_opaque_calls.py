@@ -278,7 +278,7 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
             "Tensor s1",
             "Tensor o1",
         ),
-        ("o0",),
+        ("o0", "o1"),
         "",
     ),
     "custom_esimd_kernels_vllm.esimd_gemv_int4": (
@@ -298,7 +298,7 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
             "Tensor s1",
             "Tensor o1",
         ),
-        ("o0",),
+        ("o0", "o1"),
         "",
     ),
     "custom_esimd_kernels_vllm.esimd_moe_gelu_tanh_mul": (
@@ -385,7 +385,7 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
             "Tensor normed_out",
             "float eps",
         ),
-        ("hidden_states", "residual", "output", "normed_out"),
+        ("residual", "output", "normed_out"),
         "",
     ),
     "custom_esimd_kernels_vllm.esimd_resadd_norm_gemv_int4_pert": (
@@ -400,7 +400,7 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
             "Tensor normed_out",
             "float eps",
         ),
-        ("hidden_states", "residual", "output", "normed_out"),
+        ("residual", "output", "normed_out"),
         "",
     ),
     "custom_esimd_kernels_vllm.esimd_rms_norm": (

@@ -146,9 +146,10 @@ HEADER = """\
 #   impl                the function m.impl binds, file:line
 #   returns, writes     what that function (or one it passes the parameter
 #                       on to) returns / writes of its parameters: `how`
-#                       (returned; a writable pointer handed to the kernel in
-#                       a function that casts what it reads to const; an
-#                       in-place method), file:line
+#                       (returned; stored through a pointer to its data, or
+#                       such a pointer handed where the C++ does not show it
+#                       read-only; an in-place method), file:line, the first
+#                       evidence (trees/kernelcxx.py)
 # [<commit>.wrappers.<f>]  custom_esimd_kernels_vllm.<f>: the op it calls,
 #                       its parameters, what it passes (in the op's order),
 #                       whether it returns the op's result

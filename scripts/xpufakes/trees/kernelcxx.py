@@ -9,16 +9,26 @@ that implements it (or a function of the package it passes the parameter
 on to, or the function a lambda of `m.impl` calls):
 
 * it returns the parameter (`return output;`): the result is that tensor;
-* it hands a kernel a writable pointer to the parameter's data
-  (`reinterpret_cast<fp16*>(output.data_ptr())`, or of a pointer taken
-  from it by `EXTRACT_PTR(p, output)`), in a function that casts what it
-  only reads to a `const` pointer (one that casts every pointer writable
-  says nothing by it);
-* it calls an in-place method on it (`output.copy_(...)`) or an `_out` op.
+* it calls an in-place method on it (`output.copy_(...)`) or an `_out` op;
+* a pointer to its data (`data_ptr()`, typed `data_ptr<T>()`,
+  `mutable_data_ptr`, `EXTRACT_PTR(p, output)`, a pointer array holding
+  it) that the code does not show read-only. The pointer is followed
+  through casts, local pointers and arrays, into the functions of the
+  package it is handed to (templated and indexed calls, `f<2>(...)`,
+  included) and the kernel structs whose fields it sets (all their member
+  functions). It is read-only where it becomes a `const` pointer (a cast,
+  a declaration, a parameter or field of that type), is only loaded
+  (ESIMD's `block_load`, `gather`, ...: READS), compared, checked or
+  copied out as a value; it is written where it is stored through
+  (`p[i] = v`, `*p = v`, `block_store`, `scatter`, ...: WRITES), and
+  wherever the reader does not know the use (handed to a function outside
+  the package, kept in a field of a kind it does not read): sound by
+  construction, so an unknown use over-declares a write (a copy under
+  torch.compile) and never hides one (a lost write).
 
-A writable pointer says the kernel may write; only the kernel's code says
-that it does. Declaring a write the kernel does not do costs a copy under
-torch.compile; not declaring one it does loses it."""
+`const_data_ptr()` is a read. A tensor handed as it is to a function
+outside the package (`at::` ops, `get_device_queue(t)`) is a read, except
+an `_out` op; tensor lists are not followed."""
 
 import ast
 import re
@@ -30,8 +40,8 @@ from dataclasses import dataclass, field
 
 
 def strip_comments(text: str) -> str:
-    """The text with its comments blanked (same length, same lines);
-    string and character literals kept."""
+    """The text with its comments and line continuations blanked (same
+    length, same lines); string and character literals kept."""
     out = list(text)
     i, n = 0, len(text)
     while i < n:
@@ -56,7 +66,8 @@ def strip_comments(text: str) -> str:
             i = j
         else:
             i += 1
-    return "".join(out)
+    # a macro's line continuations read as blanks (same length)
+    return "".join(out).replace("\\\n", " \n")
 
 
 def _close(text: str, start: int, pair: str = "()") -> int:
@@ -233,6 +244,10 @@ def params(text: str) -> list[tuple[str, str]]:
     found = []
     for part in _split_top(text):
         part = part.split("=", 1)[0].strip()
+        array = re.search(r"\s*\[[^\]]*\]$", part)
+        if array:  # `uint8_t* ptrs[N]`: a pointer (to its first element)
+            part = part[: array.start()] + "*"
+            part = re.sub(r"(\w+)\*$", r"*\1", part)
         name = re.search(r"(\w+)\s*$", part)
         if name:
             found.append((part[: name.start()].strip(), name.group(1)))
@@ -253,14 +268,90 @@ class Function:
 
 _FUNCTION = re.compile(
     r"(?:^|[\s;}])(?:static\s+|inline\s+)*"
-    r"((?:at|torch)::Tensor|void|std::tuple\s*<[^;{}()]*>|std::vector\s*<[^;{}()]*>)"
+    r"((?:at|torch)::Tensor|void|sycl::event|int|int64_t|bool|float|double"
+    r"|std::tuple\s*<[^;{}()]*>|std::vector\s*<[^;{}()]*>)"
     r"\s+(\w+)\s*\("
 )
 
 
+_KERNEL = "struct "  # the key of a kernel struct among the functions
+_STRUCT = re.compile(r"(?:^|[\s;}>])struct\s+(\w+)\s*(?::[^{;]*)?\{")
+
+
+def _top_level(text: str) -> str:
+    """The text with each brace block (a member function's body) replaced
+    by `;`."""
+    out, depth = [], 0
+    for c in text:
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                out.append(";")
+        elif depth == 0:
+            out.append(c)
+    return "".join(out)
+
+
+def _kernels(path: str, code: str) -> dict[str, Function]:
+    """The kernel structs of a file (a struct with an operator()): each as
+    a Function whose parameters are its fields, in order, and whose body is
+    its operator()'s."""
+    found: dict[str, Function] = {}
+    for match in _STRUCT.finditer(code):
+        open_at = match.end() - 1
+        end = _close(code, open_at, "{}")
+        inside = code[open_at + 1 : end]
+        call = re.search(r"\boperator\s*\(\s*\)\s*\(", inside)
+        if call is None:
+            continue
+        fields = []
+        for statement in _top_level(inside[: call.start()]).split(";"):
+            statement = re.sub(
+                r"^.*(?:public|private|protected)\s*:", "", statement, flags=re.S
+            )
+            statement = statement.strip()
+            if (
+                not statement
+                or "(" in statement
+                or statement.startswith(
+                    ("using", "static", "template", "typedef", "friend")
+                )
+            ):
+                continue
+            declared = params(statement)
+            kind = declared[0][0] if declared else ""
+            if not kind:
+                continue
+            # `int N, K;`: the first's type for all
+            fields += [(k or kind, n) for k, n in declared]
+        # every member function's body (operator() calls the others), the
+        # declarations between them blanked: same length, same lines
+        depth, members = 0, []
+        for c in inside:
+            if c == "}":
+                depth -= 1
+            members.append(c if depth > 0 or c == "\n" else " ")
+            if c == "{":
+                depth += 1
+        found[_KERNEL + match.group(1)] = Function(
+            match.group(1),
+            path,
+            _line(code, match.start(1)),
+            "void",
+            fields,
+            "".join(members),
+            open_at + 1,
+            code,
+        )
+    return found
+
+
 def functions(path: str, text: str) -> dict[str, Function]:
     """The functions a C++ file defines (not declares) that return a
-    tensor, a tuple or vector, or nothing: name -> Function (the first)."""
+    tensor, a tuple or vector, an event, a number or nothing, and its
+    kernel structs ("struct <name>"): name -> Function (the first)."""
     code = strip_comments(text)
     found: dict[str, Function] = {}
     for match in _FUNCTION.finditer(code):
@@ -285,6 +376,7 @@ def functions(path: str, text: str) -> dict[str, Function]:
             body_at,
             code,
         )
+    found.update(_kernels(path, code))
     return found
 
 
@@ -300,17 +392,6 @@ class Evidence:
         return f"{self.file}:{self.line}"
 
 
-_CAST_WRITE = re.compile(
-    r"reinterpret_cast\s*<\s*(?!const\b)[\w:]+\s*\*\s*>\s*\(\s*(\w+)\s*(\.\s*data_ptr\s*\(|\))"
-)
-_STATIC_WRITE = re.compile(
-    r"static_cast\s*<\s*(?!const\b)[\w:]+\s*\*\s*>\s*\(\s*(\w+)\s*\.\s*data_ptr\s*\("
-)
-_CONST_CAST = re.compile(r"(?:reinterpret|static)_cast\s*<\s*const\b")
-_EXTRACT = re.compile(r"\b[A-Z_]*PTR\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
-_PTR_ALIAS = re.compile(
-    r"(\w+)\s*=\s*(?:reinterpret_cast\s*<[^>]*>\s*\(\s*)?(\w+)\s*\.\s*data_ptr\s*(?:<[^>]*>)?\s*\("
-)
 _INPLACE = re.compile(r"\b(\w+)\s*(?:\.|->)\s*([a-z]\w*[a-z0-9]_)\s*\(")
 _OUT_OP = re.compile(r"\bat::\w+_out\s*\(\s*(\w+)")
 _RETURN = re.compile(r"\breturn\b([^;]*);")
@@ -373,24 +454,11 @@ def evidence(
                 if passed in names:
                     how = f"returned (by {inner.name}, {e.where})"
                     returns.append(Evidence(passed, how, fn.file, line))
-    pointers = {}  # local pointer -> parameter
-    for found in _EXTRACT.finditer(body):
-        if found.group(2) in names:
-            pointers[found.group(1)] = found.group(2)
-    for found in _PTR_ALIAS.finditer(body):
-        if found.group(2) in names:
-            pointers.setdefault(found.group(1), found.group(2))
-    # a writable pointer says something only where the function casts what
-    # it reads to a const one
-    distinguishes = bool(_CONST_CAST.search(body))
-    for pattern in (_CAST_WRITE, _STATIC_WRITE) if distinguishes else ():
-        for found in pattern.finditer(body):
-            name = found.group(1)
-            param = name if name in names else pointers.get(name)
-            if param:
-                writes.append(
-                    Evidence(param, "writable pointer", fn.file, at(found.start()))
-                )
+    flow = _Flow(known)
+    for _, name in fn.params:
+        written = flow.param(fn, name)
+        if written is not None:
+            writes.append(written)
     for found in _INPLACE.finditer(body):
         if found.group(1) in names and found.group(2) not in _NOT_INPLACE:
             how = f"in-place {found.group(2)}"
@@ -415,6 +483,380 @@ def evidence(
                     how = f"{e.how} (in {inner.name}, {e.where})"
                     writes.append(Evidence(passed, how, fn.file, at(found.start())))
     return _unique(returns), _unique(writes)
+
+
+# ---------------------------------------------------------------------------
+# Pointer flow: a pointer to a parameter's data is written unless the code
+# shows it read-only
+# ---------------------------------------------------------------------------
+
+_CAST = re.compile(
+    r"\b(?:reinterpret|static|const)_cast\s*<([^<>]*(?:<[^<>]*>)?[^<>]*)>\s*$"
+)
+_C_CAST = re.compile(r"\(\s*((?:const\s+)?[\w:]+(?:\s+const)?\s*\*+)\s*\)\s*$")
+_TEMPLATE_ARGS = r"<[^;(){}=<>]*(?:<[^;(){}=<>]*>[^;(){}=<>]*)*>"
+_CALLEE = re.compile(
+    rf"(?:(?<=[\s(,;{{}}=!&|?:.>])|^)([A-Za-z_][\w:]*)\s*(?:{_TEMPLATE_ARGS})?\s*$"
+)
+# ESIMD / SYCL calls that only read the memory a pointer argument points to,
+# and those that write it (intel/llvm sycl/include/sycl/ext/intel/esimd/)
+READS = frozenset(
+    {
+        "block_load",
+        "lsc_block_load",
+        "gather",
+        "lsc_gather",
+        "lsc_load_2d",
+        "load_2d",
+        "prefetch",
+        "lsc_prefetch",
+        "lsc_prefetch_2d",
+        "prefetch_2d",
+        "copy_from",
+    }
+)
+WRITES = frozenset(
+    {
+        "block_store",
+        "lsc_block_store",
+        "scatter",
+        "lsc_scatter",
+        "lsc_store_2d",
+        "store_2d",
+        "atomic_update",
+        "lsc_atomic_update",
+        "copy_to",
+    }
+)
+_CHECKS = re.compile(
+    r"^(?:[A-Z_]*CHECK\w*|TORCH_INTERNAL_ASSERT\w*|assert|static_assert|if|while|for|switch|sizeof)$"
+)
+_POINTER_DECL = re.compile(
+    r"^(?:static\s+|constexpr\s+)*(?P<type>(?:const\s+)?(?:auto|[\w:]+(?:\s*<[^;=]*>)?)"
+    r"(?:\s+const)?\s*(?:\*\s*(?:const\s*)?)*)\s*(?P<name>\w+)\s*(?:\[[^\]]*\])?\s*=\s*$"
+)
+_ASSIGN = re.compile(r"^(?P<name>\w+)\s*=\s*$")
+_STORE = re.compile(r"^[\w.\->\[\]\s()*]*(?:\.|->|\])\s*=\s*$")
+_MACRO = re.compile(r"#\s*define\s+(\w+)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)([^\n]*)")
+_DATA_PTR = re.compile(
+    r"\s*(?:\.|->)\s*(data_ptr|mutable_data_ptr|const_data_ptr)\s*(?:<[^;()]*>)?\s*\(\s*\)"
+)
+
+
+def _is_tensor(kind: str) -> bool:
+    return "Tensor" in kind and "vector" not in kind and "List" not in kind
+
+
+def _is_pointer(kind: str) -> bool:
+    return "*" in kind
+
+
+def _const_pointer(kind: str) -> bool:
+    """A pointer type that points to const (`const T*`, `T const*`)."""
+    head = kind.split("*", 1)[0]
+    return bool(re.search(r"\bconst\b", head))
+
+
+def _enclosing(body: str, start: int) -> int:
+    """The index of the innermost bracket ( { [ open at `start` (-1: none)."""
+    depth = 0
+    i = start - 1
+    while i >= 0:
+        c = body[i]
+        if c in ")}]":
+            depth += 1
+        elif c in "({[":
+            if depth == 0:
+                return i
+            depth -= 1
+        i -= 1
+    return -1
+
+
+def _statement_start(body: str, start: int, outer: int) -> int:
+    """Where the statement (or element) holding `start` begins, within the
+    bracket opened at `outer`."""
+    depth, i = 0, start - 1
+    while i > outer:
+        c = body[i]
+        if c == "}" and depth == 0:  # the block before ends a statement
+            return i + 1
+        if c in ")}]":
+            depth += 1
+        elif c in "({[":
+            depth -= 1
+        elif depth < 0 or (depth == 0 and c in ";,"):
+            return i + 1
+        i -= 1
+    return outer + 1
+
+
+class _Flow:
+    """Whether a function writes through a parameter: a tensor whose data it
+    hands on as a writable pointer, or a pointer it hands on writable, with
+    the first evidence (file:line). A use the reader does not know counts as
+    a write; a read is shown by a `const` pointer (a cast, a declaration, a
+    parameter of a function of the package it is handed to), a check, a
+    comparison, a value copied out."""
+
+    def __init__(self, known: dict[str, Function], depth: int = 5):
+        self.known = known
+        self.structs = {
+            n[len(_KERNEL) :]: f for n, f in known.items() if n.startswith(_KERNEL)
+        }
+        self.depth = depth
+        self.memo: dict[tuple[str, str], Evidence | None] = {}
+
+    def param(
+        self, fn: Function, name: str, depth: int | None = None
+    ) -> Evidence | None:
+        depth = self.depth if depth is None else depth
+        key = (f"{fn.file}:{fn.line}:{fn.name}", name)
+        if key in self.memo:
+            return self.memo[key]
+        self.memo[key] = None  # in progress: a cycle says nothing
+        kind = dict((n, k) for k, n in fn.params).get(name, "")
+        found = None
+        if _is_tensor(kind):
+            found = self._name(fn, name, 0, tensor=True, depth=depth)
+        elif _is_pointer(kind) and not _const_pointer(kind):
+            found = self._name(fn, name, 0, tensor=False, depth=depth)
+        self.memo[key] = found
+        return found
+
+    def _at(self, fn: Function, position: int) -> int:
+        return _line(fn.text, fn.body_offset + position)
+
+    def _name(self, fn, name, after, tensor, depth) -> Evidence | None:
+        body = fn.body
+        for found in re.finditer(
+            rf"(?<![\w.>:]){re.escape(name)}\b(?!\s*::)", body[after:]
+        ):
+            s, e = after + found.start(), after + found.end()
+            got = self._use(fn, name, s, e, tensor, depth)
+            if got is not None:
+                return got
+        return None
+
+    def _use(self, fn, name, s, e, tensor, depth) -> Evidence | None:
+        body = fn.body
+        if tensor:
+            ptr = _DATA_PTR.match(body, e)
+            if ptr is None:
+                return self._tensor_use(fn, name, s, e, depth)
+            if ptr.group(1) == "const_data_ptr":
+                return None
+            return self._pointer(fn, name, s, ptr.end(), depth, 0)
+        return self._pointer(fn, name, s, e, depth, 0)
+
+    def _tensor_use(self, fn, name, s, e, depth) -> Evidence | None:
+        """A tensor given on as it is: to a macro that takes its pointer
+        (EXTRACT_PTR(p, t)), or to a function of the package."""
+        body = fn.body
+        outer = _enclosing(body, s)
+        if outer < 0 or body[outer] != "(":
+            return None
+        callee = _CALLEE.search(body[:outer])
+        if not callee:
+            return None
+        args = _split_top(body[outer + 1 : _close(body, outer)])
+        index = next((i for i, a in enumerate(args) if a == name), None)
+        if index is None:
+            return None
+        macro = self._macro(fn, callee.group(1))
+        if macro is not None and index == 1 and len(args) == 2:
+            if "data_ptr" not in macro or re.search(r"<\s*const\b", macro):
+                return None
+            alias = args[0]
+            close = _close(body, outer)
+            inner = self._name(fn, alias, close + 1, False, depth)
+            return self._via(fn, name, inner, s, f"through {alias}")
+        target = self.known.get(callee.group(1).split("::")[-1])
+        if target is None or target is fn or depth <= 0 or index >= len(target.params):
+            return None
+        inner = self.param(target, target.params[index][1], depth - 1)
+        return self._via(fn, name, inner, s, f"in {target.name}")
+
+    def _macro(self, fn, name: str) -> str | None:
+        """The body of a macro `NAME(var, tensor)` of the function's file;
+        one named like EXTRACT_PTR defined elsewhere takes a writable
+        pointer."""
+        for found in _MACRO.finditer(fn.text):
+            if found.group(1) == name:
+                return found.group(4)
+        if re.fullmatch(r"[A-Z_]*PTR\w*", name):
+            return "auto var = tensor.data_ptr()"
+        return None
+
+    def _via(
+        self, fn, name, inner: Evidence | None, s: int, how: str
+    ) -> Evidence | None:
+        if inner is None:
+            return None
+        first = inner.how.split(" (")[0]
+        return Evidence(
+            name, f"{first} ({how}, {inner.where})", fn.file, self._at(fn, s)
+        )
+
+    def _write(self, fn, param, s, how) -> Evidence:
+        return Evidence(param, how, fn.file, self._at(fn, s))
+
+    def _pointer(self, fn, name, s, e, depth, hops) -> Evidence | None:
+        """A pointer expression body[s:e] (to `name`'s data): written?"""
+        body = fn.body
+        if hops > 12:
+            return self._write(fn, name, s, "writable pointer")
+        while e < len(body) and body[e] == "[":  # an element: a pointer of an array
+            close = _close(body, e, "[]")
+            e = close + 1
+        rest = body[e:].lstrip()
+        before = body[:s].rstrip()
+        if re.match(r"(?:==|!=|<=|>=|<(?!<)|>(?!>))", rest) or re.search(
+            r"(?:==|!=|<=|>=)$", before
+        ):
+            return None  # compared
+        if re.match(r"=(?!=)", rest):
+            return self._write(fn, name, s, "written through")
+        if re.match(r"(?:\+\+|--|[-+*/|&^]=)", rest):
+            return self._write(fn, name, s, "written through")
+        if before.endswith("*") and re.search(r"(?:^|[(=,;{}!&|?:])\s*\*$", before):
+            # dereferenced: `*p = v` writes, `v = *p` reads
+            if re.match(r"=(?!=)", rest):
+                return self._write(fn, name, s, "written through")
+            return None
+        cast = _C_CAST.search(before)
+        if cast:
+            if _const_pointer(cast.group(1)):
+                return None
+            return self._pointer(fn, name, cast.start(), e, depth, hops + 1)
+        outer = _enclosing(body, s)
+        if outer >= 0 and body[outer] == "(":
+            return self._argument(fn, name, s, e, outer, depth, hops)
+        start = _statement_start(body, s, outer)
+        prefix = body[start:s].strip()
+        in_list = outer >= 0 and body[outer] == "{" and not prefix
+        if in_list and (start == outer + 1 or body[start - 1] == ","):
+            return self._element(fn, name, s, outer, depth)
+        if prefix.startswith("return"):
+            return self._write(fn, name, s, "writable pointer returned")
+        decl = _POINTER_DECL.match(prefix)
+        if decl:
+            kind = decl.group("type")
+            if _const_pointer(kind):
+                return None
+            if "*" not in kind and "auto" not in kind:
+                return None  # a value copied out
+            return self._alias(fn, name, decl.group("name"), e, depth, s)
+        assign = _ASSIGN.match(prefix)
+        if assign:
+            return self._alias(fn, name, assign.group("name"), e, depth, s)
+        if _STORE.match(prefix):
+            member = re.match(r"^(\w+)\s*(?:\.|->)\s*(\w+)", prefix)
+            kernel = self._kernel_of(fn, member.group(1)) if member else None
+            if kernel is not None:
+                fields = [n for _, n in kernel.params]
+                if member.group(2) in fields:
+                    return self._field(
+                        fn, name, kernel, fields.index(member.group(2)), s, depth
+                    )
+            return self._write(fn, name, s, "writable pointer stored")
+        return self._write(fn, name, s, "writable pointer")
+
+    def _argument(self, fn, name, s, e, outer, depth, hops) -> Evidence | None:
+        """The pointer body[s:e] inside the brackets opened at `outer`: a
+        cast's operand, a call's argument, a bracketed expression."""
+        body = fn.body
+        close = _close(body, outer)
+        head = body[:outer]
+        cast = _CAST.search(head)
+        if cast:
+            if _const_pointer(cast.group(1)):
+                return None
+            if not _is_pointer(cast.group(1)):
+                return None  # a value (an address as an integer)
+            return self._pointer(fn, name, cast.start(), close + 1, depth, hops + 1)
+        callee = _CALLEE.search(head)
+        word = callee.group(1).split("::")[-1] if callee else ""
+        if not word:  # a bracketed expression: `(p + off)`
+            return self._pointer(fn, name, outer, close + 1, depth, hops + 1)
+        if _CHECKS.match(word) or word in READS:
+            return None
+        if word in WRITES:
+            return self._write(fn, name, s, f"stored by {word}")
+        args = _split_top(body[outer + 1 : close])
+        index, position = None, outer + 1
+        for i, arg in enumerate(args):
+            at = body.index(arg, position)
+            if at <= s < at + len(arg):
+                index = i
+                break
+            position = at + len(arg)
+        if index is None:
+            return self._write(fn, name, s, "writable pointer")
+        kernel = self.structs.get(word)
+        if kernel is not None:  # a kernel's fields set by its constructor
+            return self._field(fn, name, kernel, index, s, depth)
+        target = self.known.get(word)
+        if target is None or target is fn or depth <= 0:
+            return self._write(fn, name, s, f"writable pointer handed to {word}")
+        if index >= len(target.params):
+            return self._write(fn, name, s, f"writable pointer handed to {word}")
+        mine = body[s:e].strip()
+        plain = args[index].replace(" ", "") == mine.replace(" ", "")
+        if not plain and not re.fullmatch(
+            rf"{re.escape(mine)}\s*[+-].*", args[index], re.S
+        ):
+            return self._write(fn, name, s, f"handed to {word} in an expression")
+        inner = self.param(target, target.params[index][1], depth - 1)
+        return self._via(fn, name, inner, s, f"in {target.name}")
+
+    def _element(self, fn, name, s, outer, depth) -> Evidence | None:
+        """The pointer at `s`, an element of the brace list opened at
+        `outer`: a pointer array's initialiser, or a kernel's fields."""
+        body = fn.body
+        head_at = _statement_start(body, outer, _enclosing(body, outer))
+        decl = _POINTER_DECL.match(body[head_at:outer].strip())
+        if decl:
+            if _const_pointer(decl.group("type")):
+                return None
+            after = _close(body, outer, "{}")
+            return self._alias(fn, name, decl.group("name"), after, depth, s)
+        kernel = re.search(r"(\w+)\s*(?:<[^;{}()]*>)?\s*$", body[:outer])
+        kernel = self.structs.get(kernel.group(1)) if kernel else None
+        if kernel is None:
+            return self._write(
+                fn, name, s, "writable pointer stored in a kernel's fields"
+            )
+        index = len(_split_top(body[outer + 1 : s] + "x")) - 1
+        return self._field(fn, name, kernel, index, s, depth)
+
+    def _field(self, fn, name, kernel, index, s, depth) -> Evidence | None:
+        """A pointer given to a kernel's field: what the kernel does with it."""
+        if index >= len(kernel.params) or depth <= 0:
+            return self._write(
+                fn, name, s, "writable pointer stored in a kernel's fields"
+            )
+        inner = self.param(kernel, kernel.params[index][1], depth - 1)
+        return self._via(fn, name, inner, s, f"in {kernel.name}")
+
+    def _kernel_of(self, fn, variable: str):
+        """The kernel struct a local variable of the function is."""
+        found = re.search(
+            rf"(?:^|[;{{}}\s])(\w+)\s*(?:<[^;{{}}()]*>)?\s+{re.escape(variable)}\s*;",
+            fn.body,
+        )
+        return self.structs.get(found.group(1)) if found else None
+
+    def _alias(self, fn, name, alias, after, depth, s) -> Evidence | None:
+        inner = self._name(fn, alias, after, False, depth)
+        if inner is None:
+            return None
+        return Evidence(
+            name,
+            inner.how if " (" in inner.how else f"{inner.how} (as {alias})",
+            inner.file,
+            inner.line,
+        )
 
 
 def _passed(fn: Function, args: list[str], param: str) -> str:
