@@ -22,7 +22,7 @@ SOURCES = {
     "esimd_gemm_fp8_pert": "csrc/xpu/esimd_kernel_gemm.sycl:32",
     "esimd_gemv_fp8_pert": "csrc/xpu/esimd_kernel.sycl:88",
     "esimd_rms_norm": "csrc/xpu/esimd_kernel.sycl:488",
-    "esimd_fused_add_rms_norm": "csrc/xpu/esimd_kernel.sycl:503",
+    "esimd_fused_add_rms_norm": "csrc/xpu/esimd_kernel.sycl:504",
     "esimd_fused_add_rms_norm_batched": "csrc/xpu/esimd_kernel.sycl:541",
     "esimd_fused_scaled_add_rms_norm": "csrc/xpu/esimd_kernel.sycl:522",
     "esimd_gemm_int4_pgrp": "csrc/xpu/esimd_kernel_gemm.sycl:55",
