@@ -84,8 +84,9 @@ def _kernel(op: str, returns_nothing: bool = False):
 
     def unavailable(*args, **kwargs):
         raise NoCPUReference(
-            f"{op}: the ESIMD stand-in has no CPU reference kernel (no "
-            "catalog model reached it); proof/xpu/esimd_kernels.py"
+            f"{op}: the ESIMD stand-in has no CPU reference kernel (the "
+            "references are of the ops that lie on b18beee's traced path); "
+            "proof/xpu/esimd_kernels.py"
         )
 
     return unavailable
