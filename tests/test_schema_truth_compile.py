@@ -8,7 +8,8 @@ refuses a custom op whose output has an alias annotation. The stand-ins are
 torch ops of this test's own library (nothing XPU is needed for the
 mechanism); ~5 s. Then the fix itself: the generated module and the
 recipe's output, compiled (aot_eager, Inductor) against the tree as it is
-(below; forked, ~15 s)."""
+(below; forked, ~15 s); and the fused GEMV's o1, which an op marking o0
+only loses under Inductor (forked, ~12 s)."""
 
 import pytest
 import torch
@@ -210,3 +211,89 @@ def test_the_fix_compiled_equals_eager_and_the_tree_unpatched_does_not():
         result, kernels = patched[backend]
         assert kernels == [gemm], backend
         assert torch.equal(result, eager), backend
+
+
+# The fused GEMV of b18beee (esimd_gemv_int4_fused2: esimd_kernel.sycl:214,
+# int4_GEMV.h's fused host): it writes o0 and o1 and returns o0. Before
+# kernelcxx followed the kernels, the contract marked o0 only (issue 51).
+FUSED2 = "esimd_gemv_int4_fused2"
+
+
+def _fused2_inputs():
+    generator = torch.Generator().manual_seed(0)
+    k, n0, n1 = 256, 32, 16
+
+    def packed(n):
+        return torch.randint(0, 256, (n, k // 2), generator=generator).to(torch.uint8)
+
+    def scales(n):
+        return (torch.rand(n, k // 128, generator=generator) / 16).half()
+
+    x = torch.randn(1, k, generator=generator).half()
+    return x, packed(n0), scales(n0), packed(n1), scales(n1)
+
+
+def _fused2_caller(op):
+    """As the trees call it: fresh output buffers (NaN, as vLLM's
+    torch.empty may hold), the result dropped, both outputs read after."""
+
+    def caller(x, w0, s0, w1, s1):
+        o0 = torch.full((1, w0.shape[0]), float("nan"), dtype=x.dtype)
+        o1 = torch.full((1, w1.shape[0]), float("nan"), dtype=x.dtype)
+        op(x, w0, s0, o0, w1, s1, o1)
+        return o0 * 1, o1 * 1
+
+    return caller
+
+
+@pytest.mark.forked
+def test_an_undeclared_o1_write_of_the_fused_gemv_is_lost_under_inductor():
+    """The overlay's vLLM op of esimd_gemv_int4_fused2 marks o0 and o1:
+    compiled with Inductor it equals eager. Negative control: the same
+    kernel behind an op that marks o0 only (the old contract): Inductor
+    folds the NaN fill of o1 into its read, and o1's values are lost."""
+    import sys
+    import types
+
+    from xpufakes.proof.static import schematruth
+    from xpufakes.proof.xpu import esimd_kernels
+
+    kernel = esimd_kernels.REFERENCES[FUSED2]
+    data = schematruth.load_data()["esimd"]["b18beee"]["ops"]
+    lib = torch.library.Library(schematruth.ESIMD_PACKAGE, "DEF")  # noqa: F841
+    lib.define(data[f"{schematruth.ESIMD_PACKAGE}::{FUSED2}"]["schema"])
+    lib.impl(FUSED2, kernel, "CPU")
+    package = types.ModuleType(schematruth.ESIMD_PACKAGE)
+    package.esimd_gemv_int4_fused2 = getattr(
+        torch.ops.custom_esimd_kernels_vllm, FUSED2
+    )
+    sys.modules[schematruth.ESIMD_PACKAGE] = package
+    calls = _overlay_in_vllm()
+    assert calls.CONTRACTS[f"{schematruth.ESIMD_PACKAGE}.{FUSED2}"][2] == ("o0", "o1")
+
+    @torch.library.custom_op("o1_probe::marks_o0", mutates_args=("o0",))
+    def marks_o0(
+        input: torch.Tensor,
+        w0: torch.Tensor,
+        s0: torch.Tensor,
+        o0: torch.Tensor,
+        w1: torch.Tensor,
+        s1: torch.Tensor,
+        o1: torch.Tensor,
+    ) -> None:
+        kernel(input, w0, s0, o0, w1, s1, o1)
+
+    inputs = _fused2_inputs()
+
+    def both(op):
+        eager = _fused2_caller(op)(*inputs)
+        torch._dynamo.reset()
+        compiled = torch.compile(_fused2_caller(op), backend="inductor", fullgraph=True)
+        return eager, compiled(*inputs)
+
+    (e0, e1), (c0, c1) = both(getattr(torch.ops.vllm, FUSED2))
+    assert not e0.isnan().any() and not e1.isnan().any()  # the kernel wrote both
+    assert torch.equal(c0, e0) and torch.equal(c1, e1)
+    (e0, e1), (c0, c1) = both(torch.ops.o1_probe.marks_o0)
+    assert torch.equal(c0, e0)
+    assert c1.isnan().all() and not e1.isnan().any()  # o1's write lost
