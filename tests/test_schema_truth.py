@@ -270,6 +270,46 @@ def test_d_a_fake_that_returns_a_new_tensor_where_the_kernel_returns_its_argumen
     assert GEMM not in _check(right, TRUTHS)
 
 
+@pytest.mark.parametrize(
+    "returned, found",
+    [
+        # the kernel returns output too ((a), (b)): the fake agrees with the
+        # kernel, not with the schema, which declares no alias
+        ("output", {("e", "output")}),
+        ("output.view(-1)", {("e", "output")}),
+        ("(output.t(), torch.empty_like(output))", {("e", "output")}),
+        # an argument the kernel does not return (and not the one it does:
+        # (d) too)
+        ("input", {("e", "input"), ("d", "output")}),
+        # negative controls: a new tensor ((d): the kernel returns output)
+        ("torch.empty_like(output)", {("d", "output")}),
+        ("output.clone()", {("d", "output")}),
+    ],
+)
+def test_e_a_fake_that_returns_an_argument_the_schema_does_not_alias(returned, found):
+    """(e): a fake whose output is one of its arguments (as it came, or a
+    view of it) where the schema declares no alias: torch takes the op's
+    output for that argument. The schema that declares the alias (TRUTHS'
+    `-> Tensor(a!)`) has none."""
+    fake = f"""
+    import torch
+
+    torch.library.register_fake(
+        "custom_esimd_kernels_vllm::toy_gemm",
+        lambda input, weight, output: {returned},
+    )
+    """
+    lies = _check(_tree(toy_fakes=fake), LIES)
+    kinds = _kinds(lies, GEMM) - {("a", "output"), ("b", "output")}
+    assert kinds == found
+    (e,) = [x for x in lies[GEMM].lies if x.kind == "e"] or [None]
+    if e is not None:
+        assert e.evidence[0].startswith("the fake at vllm/toy_fakes.py:6 returns ")
+        assert ("does not return it" in " ".join(e.evidence)) == (returned == "input")
+    truthful = _check(_tree(toy_fakes=fake), TRUTHS)
+    assert ("e", "output") not in _kinds(truthful, GEMM)
+
+
 OWN = """
 import torch
 
@@ -569,7 +609,7 @@ def test_the_series_indexer_patch_leaves_no_lie_of_the_indexer(upstream):
     0.33.0 lists it, of kind (b)."""
     texts, parsed, truth = upstream
     found = {o.op: o for o in truth.ops}
-    assert {x.kind for x in found[INDEXER].lies} == {"b"}  # the control
+    assert {x.kind for x in found[INDEXER].lies} == {"b", "e"}  # the control
     fixed = dict(texts)
     parsed = dict(parsed)
     changed = []
@@ -612,6 +652,28 @@ def test_a_known_lie_is_a_warning_and_exactly_as_listed(upstream, monkeypatch):
     bare = {op: {k: v for k, v in e.items() if k != "fixed"} for op, e in known.items()}
     monkeypatch.setattr(schematruth, "known_lies", lambda: bare)
     assert "known, not fixed yet" in "\n".join(schematruth.lines(truth))
+    # the same lie on a tree `make apply` patched: the series' fix did not
+    # take, so it fails, and says why; one the series does not fix stays a
+    # warning there
+    monkeypatch.setattr(schematruth, "known_lies", lambda: known)
+    indexer = found[INDEXER]
+    indexer.patched = True
+    try:
+        assert indexer.failing and not indexer.known
+        said = "\n".join(schematruth.lines(truth))
+        assert "this tree is patched, and the fix did not take" in said
+        rope = found["vllm::xpu_ops_deepseek_scaling_rope"]
+        rope.patched = True
+        assert rope.known and not rope.failing
+    finally:
+        indexer.patched = False
+        found["vllm::xpu_ops_deepseek_scaling_rope"].patched = False
+    # (e) on the pinned release: vLLM's own fake of the DeepSeek rope
+    # returns its query and key (the kernel returns new tensors)
+    assert (
+        "alias (e): vllm::sparse_attn_indexer, vllm::xpu_ops_deepseek_scaling_rope"
+        in ("\n".join(schematruth.lines(truth)))
+    )
 
 
 def test_a_lying_splitting_op_is_said_to_run_between_the_compiled_pieces(upstream):

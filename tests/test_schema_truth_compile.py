@@ -297,3 +297,78 @@ def test_an_undeclared_o1_write_of_the_fused_gemv_is_lost_under_inductor():
     (e0, e1), (c0, c1) = both(torch.ops.o1_probe.marks_o0)
     assert torch.equal(c0, e0)
     assert c1.isnan().all() and not e1.isnan().any()  # o1's write lost
+
+
+# (e): vLLM's own fake of its DeepSeek rope op (vllm/_xpu_ops.py, 0.18 and
+# later) returns its arguments (query, key); the kernel returns new tensors
+# (vllm-xpu-kernels deepseek_scaling_rope.cpp@4543b58: empty_like).
+ROPE_FAKE = "_xpu_ops_deepseek_scaling_rope_fake"
+ROPE_SCHEMA = (
+    "(Tensor positions, Tensor query, Tensor? key, Tensor? offsets, "
+    "Tensor? cos_sin_cache, int rotary_dim, bool is_neox_style) -> (Tensor, Tensor)"
+)
+
+
+def _pinned_function(version: str, path: str, name: str):
+    """A module-level function of a pinned release's file, as it is there
+    (its source executed alone, with torch)."""
+    import ast
+
+    from support import releases
+
+    text = (releases.pristine(version) / path).read_text()
+    (node,) = [
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, ast.FunctionDef) and n.name == name
+    ]
+    namespace = {"torch": torch}
+    exec(compile(ast.Module([node], []), path, "exec"), namespace)
+    return namespace[name]
+
+
+@pytest.mark.forked
+def test_e_a_fake_that_returns_its_arguments_makes_compiled_differ():
+    """The op with vLLM 0.33.0's own fake (its source, from the sdist) and a
+    CPU kernel that returns new tensors, as the XPU kernel does: a caller
+    that uses the rotated query beside the query gets another sum compiled
+    (torch takes the output and the input for one tensor: rotated +
+    rotated), with aot_eager and Inductor.
+    Negative control: the same kernel with a fake of new tensors."""
+    vllm_fake = _pinned_function("0.33.0", "vllm/_xpu_ops.py", ROPE_FAKE)
+
+    def kernel(positions, query, key, offsets, cos_sin_cache, rotary_dim, neox):
+        return query * 2 + positions[:, None], key * 3
+
+    def new_tensors(positions, query, key, offsets, cos_sin_cache, rotary_dim, neox):
+        return torch.empty_like(query), torch.empty_like(key)
+
+    lib = torch.library.Library("e_probe", "DEF")  # noqa: F841 - kept alive
+    for name, fake in (("vllms_fake", vllm_fake), ("exact_fake", new_tensors)):
+        lib.define(name + ROPE_SCHEMA)
+        lib.impl(name, kernel, "CPU")
+        torch.library.register_fake(f"e_probe::{name}", fake, lib=lib)
+
+    def caller(op):
+        def f(positions, query, key):
+            rotated, _ = op(positions, query, key, None, None, 8, False)
+            return rotated + query
+
+        return f
+
+    def run(name: str, backend: str):
+        op = getattr(torch.ops.e_probe, name)
+        positions, query, key = torch.arange(4.0), torch.ones(4, 8), torch.ones(4, 8)
+        eager = caller(op)(positions, query, key)
+        torch._dynamo.reset()
+        compiled = torch.compile(caller(op), backend=backend, fullgraph=True)
+        return eager, compiled(positions, query, key)
+
+    for backend in ("aot_eager", "inductor"):
+        eager, compiled = run("vllms_fake", backend)
+        rotated = eager - torch.ones(4, 8)  # eager: rotated + query
+        assert not torch.equal(eager, compiled), backend
+        # compiled, the output and the input are one tensor: rotated + rotated
+        assert torch.equal(compiled, rotated * 2), backend
+        eager, compiled = run("exact_fake", backend)
+        assert torch.equal(eager, compiled), backend

@@ -61,6 +61,8 @@ def contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
     """callee -> its contract, for each lying op a traced call reaches."""
     found: dict[str, dict] = {}
     for o in (o for o in truth.ops if o.traced):
+        if not {x.kind for x in o.lies} & {"a", "b", "c"}:
+            continue  # only its fake lies ((d), (e)): no contract of the kernel
         schema = o.facts.schema
         hidden = {x.argument for x in o.lies if x.kind == "a"}
         elsewhere = marked_elsewhere(o.op, schema)

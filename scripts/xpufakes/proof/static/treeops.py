@@ -79,9 +79,9 @@ class Fake:
     file: str
     line: int
     params: list[str]
-    returns: list[
-        tuple[str, int]
-    ]  # ("none" | "param:<name>" | "fresh" | "other", line)
+    # (kind, line): "none", "param:<name>", "view:<name>", "fresh",
+    # "tuple(...)", "other" (returns_of)
+    returns: list[tuple[str, int]]
 
 
 @dataclass
@@ -276,8 +276,9 @@ def _params(function: ast.AST | None) -> list[str]:
 
 def returns_of(function: ast.AST) -> list[tuple[str, int]]:
     """What each return of a fake gives: "none", "param:<name>" (an
-    argument as it came), "fresh" (a tensor it makes: torch.empty*,
-    new_empty, *_like, ...), "other"."""
+    argument as it came), "view:<name>" (a view of one: `x.view(...)`,
+    `x[i]`, `x.t()`), "fresh" (a tensor it makes: torch.empty*, new_empty,
+    *_like, ...), "tuple(<kind>, ...)", "other"."""
     params = set(_params(function))
     # a parameter the function binds again is not the argument any more
     params -= {
@@ -303,11 +304,62 @@ _FRESH = re.compile(
 )
 
 
+# methods whose result shares its tensor's storage (a view), as torch's fake
+# tensors give it: a fake that returns one returns an alias of its argument
+_VIEWS = frozenset(
+    {
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "t",
+        "transpose",
+        "permute",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "unflatten",
+        "narrow",
+        "expand",
+        "expand_as",
+        "as_strided",
+        "detach",
+        "select",
+        "diagonal",
+        "unfold",
+        "movedim",
+        "swapaxes",
+    }
+)
+
+
+def _viewed(value: ast.expr, params: set[str]) -> str | None:
+    """The parameter a view expression is of (`x.view(...)`, `x[0]`,
+    `x.t()`, chained), else None."""
+    while True:
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+            if value.func.attr not in _VIEWS:
+                return None
+            value = value.func.value
+        elif isinstance(value, ast.Subscript) or (
+            isinstance(value, ast.Attribute) and value.attr in ("T", "mT")
+        ):
+            value = value.value
+        else:
+            break
+    if isinstance(value, ast.Name) and value.id in params:
+        return value.id
+    return None
+
+
 def _kind(value: ast.expr | None, params: set[str]) -> str:
     if value is None or (isinstance(value, ast.Constant) and value.value is None):
         return "none"
     if isinstance(value, ast.Name) and value.id in params:
         return f"param:{value.id}"
+    viewed = _viewed(value, params)
+    if viewed is not None:
+        return f"view:{viewed}"
     if isinstance(value, ast.Tuple):
         kinds = [_kind(e, params) for e in value.elts]
         if all(k == "fresh" for k in kinds):
