@@ -9,7 +9,9 @@ torch ops of this test's own library (nothing XPU is needed for the
 mechanism); ~5 s. Then the fix itself: the generated module and the
 recipe's output, compiled (aot_eager, Inductor) against the tree as it is
 (below; forked, ~15 s); and the fused GEMV's o1, which an op marking o0
-only loses under Inductor (forked, ~12 s)."""
+only loses under Inductor (forked, ~12 s); the compiler's traps for the
+fix's form (PyTorch #198031's clone beside its source, a reused buffer;
+forked, ~6 s)."""
 
 import pytest
 import torch
@@ -372,3 +374,91 @@ def test_e_a_fake_that_returns_its_arguments_makes_compiled_differ():
         assert torch.equal(compiled, rotated * 2), backend
         eager, compiled = run("exact_fake", backend)
         assert torch.equal(eager, compiled), backend
+
+
+# The compiler's own traps for the fix's form (a vLLM op that marks what it
+# writes and returns nothing): PyTorch #198031 (open) reports that
+# `y = x.clone(); op(y, x)`, op writing y, can become op(x, x) under
+# compile; and an output buffer the model keeps and reuses layer after
+# layer. Both on the overlay's vLLM op of esimd_rms_norm (input, output,
+# weight, eps: writes output) with its CPU reference, and on a bare probe
+# op of the same form.
+
+
+def _rms_norm_op():
+    import sys
+    import types
+
+    from xpufakes.proof.static import schematruth
+    from xpufakes.proof.xpu import esimd_kernels
+
+    name = "esimd_rms_norm"
+    data = schematruth.load_data()["esimd"]["b18beee"]["ops"]
+    lib = torch.library.Library(schematruth.ESIMD_PACKAGE, "DEF")
+    lib.define(data[f"{schematruth.ESIMD_PACKAGE}::{name}"]["schema"])
+    lib.impl(name, esimd_kernels.REFERENCES[name], "CPU")
+    package = types.ModuleType(schematruth.ESIMD_PACKAGE)
+    package.esimd_rms_norm = getattr(torch.ops.custom_esimd_kernels_vllm, name)
+    sys.modules[schematruth.ESIMD_PACKAGE] = package
+    calls = _overlay_in_vllm()
+    assert calls.CONTRACTS[f"{schematruth.ESIMD_PACKAGE}.{name}"][2] == ("output",)
+    return lib, torch.ops.vllm.esimd_rms_norm
+
+
+@pytest.mark.forked
+def test_the_fix_form_keeps_a_clone_beside_its_source_and_a_reused_buffer():
+    """Under Inductor and aot_eager: the written clone and its untouched
+    source stay two tensors (#198031's pattern), and a buffer written by two
+    calls gives each call's values to what read it in between; compiled
+    equals eager, on torch 2.13 (pinned here). Negative control: the same
+    callers with the op's write undeclared (the lying schema's form) differ
+    compiled."""
+    lib, rms_norm = _rms_norm_op()  # noqa: F841 - lib kept alive
+
+    @torch.library.custom_op("trap_probe::undeclared", mutates_args=())
+    def undeclared(
+        input: torch.Tensor, output: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> None:
+        output.copy_(
+            input * torch.rsqrt(input.pow(2).mean(-1, keepdim=True) + eps) * weight
+        )
+
+    undeclared.register_fake(lambda input, output, weight, eps: None)
+
+    def clone_beside(op):
+        def f(x, w):
+            y = x.clone()
+            op(x, y, w, 1e-6)  # y written from x: x must stay as it was
+            return y * 1, x * 1
+
+        return f
+
+    def reused(op):
+        def f(x1, x2, w):
+            buf = torch.full_like(x1, float("nan"))
+            op(x1, buf, w, 1e-6)
+            first = buf * 1
+            op(x2, buf, w, 1e-6)
+            return first, buf * 1
+
+        return f
+
+    generator = torch.Generator().manual_seed(0)
+    x1, x2 = (torch.randn(1, 128, generator=generator).half() for _ in range(2))
+    w = (torch.rand(128, generator=generator) + 0.5).half()
+    cases = {clone_beside: (x1, w), reused: (x1, x2, w)}
+
+    def differs(make, op, backend) -> bool:
+        args = cases[make]
+        eager = make(op)(*[a.clone() for a in args])
+        torch._dynamo.reset()
+        compiled = torch.compile(make(op), backend=backend, fullgraph=True)
+        got = compiled(*[a.clone() for a in args])
+        return not all(torch.equal(a, b) for a, b in zip(eager, got, strict=True))
+
+    for backend in ("aot_eager", "inductor"):
+        for make in cases:
+            assert not differs(make, rms_norm, backend), (make.__name__, backend)
+    # the control: the write undeclared, the reused buffer's NaN fill is
+    # what Inductor reads
+    assert differs(reused, torch.ops.trap_probe.undeclared, "inductor")
