@@ -74,7 +74,6 @@ REFUSED = [
         "ipex.llm.functional.silu_and_mul(x, out=out, approximate='tanh')",
         "keyword 'approximate' is not in the contract",
     ),
-    ("y = ipex.llm.functional.silu_and_mul(x, out)", "its result is used"),
     ("ipex.llm.functional.silu_and_mul(*args)", "it passes *args"),
     ("ipex.llm.functional.silu_and_mul(x)", "it does not pass 'out'"),
 ]
@@ -293,3 +292,102 @@ def test_a_kernel_call_made_too_long_is_laid_out_as_ruff_does():
         "                torch.ops.vllm.esimd_moe_gelu_tanh_mul(x, out, n, h, t)\n"
         in (recipes.edit_opaque_calls(short))
     )
+
+
+# The ops whose schemas return a declared alias (`-> Tensor(a!)`, issue 50):
+# llm-scaler b18beee's Qwen3-Next calls, as its tree spells them
+MOE_BLOCK = "torch.ops.moe_ops.moe_forward_full_fp8_block"
+PACKAGE = "custom_esimd_kernels_vllm"
+ALIAS_UTILS = """\
+try:
+    import custom_esimd_kernels_vllm as _esimd
+
+    ESIMD_AVAILABLE = True
+except ImportError:
+    _esimd = None
+    ESIMD_AVAILABLE = False
+
+if ESIMD_AVAILABLE:
+    esimd_norm_gemv_fp8_blockscale = getattr(
+        _esimd, "esimd_norm_gemv_fp8_blockscale", None
+    )
+    esimd_gemv_fp8_blockscale_fused2 = getattr(
+        _esimd, "esimd_gemv_fp8_blockscale_fused2", None
+    )
+"""
+
+
+def _ruff_formatted(text: str) -> bool:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run(
+        [str(ruff), "format", "--diff", "--line-length", "88", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+    )
+    return done.returncode == 0
+
+
+def test_a_getattr_kept_callee_becomes_as_custom_op_laid_out_as_ruff_does():
+    """`f = getattr(_esimd, "f", None)` (llm-scaler's esimd_utils) keeps
+    `as_custom_op("f", getattr(...))`, ruff-formatted; a getattr of a
+    function no contract names is left as it was (the control)."""
+    assert f"{PACKAGE}.esimd_norm_gemv_fp8_blockscale" in recipes.OPAQUE_CALLS
+    assert f"{PACKAGE}.esimd_gemv_fp8_blockscale_fused2" not in recipes.OPAQUE_CALLS
+    edited = recipes.edit_opaque_calls("import torch\n\n" + ALIAS_UTILS)
+    assert (
+        "    esimd_norm_gemv_fp8_blockscale = vllm._xpu_opaque_calls.as_custom_op(\n"
+        '        "esimd_norm_gemv_fp8_blockscale",\n'
+        '        getattr(_esimd, "esimd_norm_gemv_fp8_blockscale", None),\n'
+        "    )\n"
+    ) in edited
+    assert (
+        "    esimd_gemv_fp8_blockscale_fused2 = getattr(\n"
+        '        _esimd, "esimd_gemv_fp8_blockscale_fused2", None\n'
+        "    )\n"
+    ) in edited
+    assert "import vllm._xpu_opaque_calls\n" in edited  # used: no noqa
+    assert _ruff_formatted(edited)
+
+
+def test_a_call_whose_result_is_used_calls_routed():
+    """A call of a callee whose vLLM op returns nothing, its result used,
+    becomes `routed("<op>")(...)`, which gives the caller the argument the
+    kernel returns (IPEX's silu_and_mul: `out`); the control: a callee that
+    returns nothing the caller may use is refused there."""
+    entry = recipes.OPAQUE_CALLS[MOE_BLOCK]
+    assert (entry["returns"], entry["callee_returns"]) == ("", "output")
+    text = (
+        "import torch\n\n\n"
+        "def moe(x, logits, output, *w):\n"
+        f"    out = {MOE_BLOCK}(\n"
+        "        x, logits, output, w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],\n"
+        "        w[8], 8, 1, 128,\n"
+        "    )\n"
+        "    return out\n"
+    )
+    edited = recipes.edit_opaque_calls(text)
+    op = entry["op"]
+    assert f'    out = vllm._xpu_opaque_calls.routed("{op}")(\n' in edited, edited
+    assert "import vllm._xpu_opaque_calls\n" in edited
+    assert recipes.opaque_call_sites(edited) == []
+    # as a statement, its result dropped: the op's own call
+    dropped = text.replace("    out = ", "    ").replace("return out", "return output")
+    assert f"    torch.ops.vllm.{op}(\n" in recipes.edit_opaque_calls(dropped)
+    ipex = (
+        "import torch\n\nimport intel_extension_for_pytorch as ipex\n\n\n"
+        "def act(x, out):\n    return ipex.llm.functional.silu_and_mul(x, out)\n"
+    )
+    assert 'return vllm._xpu_opaque_calls.routed("ipex_silu_and_mul")(x, out)' in (
+        recipes.edit_opaque_calls(ipex)
+    )
+    native = (
+        "import torch\n\nimport vllm._C.ops\n\n\n"
+        "def norm(x, w):\n    y = vllm._C.ops.rms_norm(x, x, w, 1e-6)\n    return y\n"
+    )
+    with pytest.raises(recipes.RecipeRefusal, match="its result is used"):
+        recipes.edit_opaque_calls(native)

@@ -81,6 +81,15 @@ def test_the_findings_are_schema_truths_and_each_has_a_case_or_a_reason():
         for entry in tomllib.loads(CONTRACTS.read_text()).values()
         if entry["kernel_op"].split("::")[0] in NAMESPACES
     ]
+    # (not those of an op that returns a declared alias, which does not lie:
+    # functionalization refuses its schema, issue 50)
+    data = schematruth.load_data()["esimd"][verify.CASES_IMAGE]["ops"]
+    aliasing = {
+        op
+        for op, entry in data.items()
+        if "Tensor(" in entry["schema"].rsplit("->", 1)[1]
+    }
+    entries = [e for e in entries if e["kernel_op"] not in aliasing]
     contracts = {e["kernel_op"] for e in entries}
     lying = {op for op in contracts if op in lies or not op.startswith(ESIMD)}
     assert lying and lying <= set(cases.CASES), lying - set(cases.CASES)

@@ -728,7 +728,7 @@ def test_a_lying_splitting_op_is_said_to_run_between_the_compiled_pieces(upstrea
 # ---------------------------------------------------------------------------
 
 
-def test_the_contract_of_a_lying_op_and_none_for_a_truthful_one():
+def test_the_contract_of_a_lying_op_or_one_returning_an_alias_and_none_else():
     from xpufakes.proof import schemacontracts
 
     truth = schematruth.check(_tree(), "9.9.9", data=_data(LIES))
@@ -746,7 +746,20 @@ def test_the_contract_of_a_lying_op_and_none_for_a_truthful_one():
     two = found[f"{PACKAGE}.toy_two"]
     assert (two["mutates"], two["callee_returns"]) == (["out", "out2"], "")
     truthful = schematruth.check(_tree(), "9.9.9", data=_data(TRUTHS))
-    assert schemacontracts.contracts(truthful, "toy") == {}
+    # the truthful schemas: no contract of a lie; the GEMM's truthful schema
+    # returns a declared alias (`-> Tensor(a!)`), which functionalization
+    # refuses: the same form, its writes marked, the caller given the output
+    assert {c.call.op for c in truthful.refused_sites} == {GEMM}
+    routed = schemacontracts.contracts(truthful, "toy")
+    assert list(routed) == [f"{PACKAGE}.toy_gemm"]
+    alias = routed[f"{PACKAGE}.toy_gemm"]
+    assert (alias["mutates"], alias["returns"], alias["callee_returns"]) == (
+        ["output"],
+        "",
+        "output",
+    )
+    assert "returns a declared alias `output`" in alias["source"]
+    # (TWO and FILL, truthful and returning nothing, have none: the control)
 
 
 def test_the_committed_contracts_of_upstream_are_what_schema_truth_says(upstream):

@@ -462,3 +462,72 @@ def test_the_fix_form_keeps_a_clone_beside_its_source_and_a_reused_buffer():
     # the control: the write undeclared, the reused buffer's NaN fill is
     # what Inductor reads
     assert differs(reused, torch.ops.trap_probe.undeclared, "inductor")
+
+
+@pytest.mark.forked
+def test_an_op_returning_a_declared_alias_compiles_through_routed():
+    """llm-scaler's esimd_norm_gemv_fp8_blockscale (b18beee's schema:
+    `-> Tensor(a!)`, its output): called as its tree calls it, compiling
+    fails (functionalization refuses a custom op with an alias annotation on
+    its output: the control); through the overlay's `routed(...)`, the
+    recipe's form where the result is used (issue 50), compiled equals eager
+    with aot_eager and Inductor, the caller given the output buffer itself.
+    Stubbed: the kernel (a CPU stand-in that writes output from x and z,
+    and returns it; the math is not the point)."""
+    import sys
+    import types
+
+    from xpufakes.proof.static import schematruth
+
+    name = "esimd_norm_gemv_fp8_blockscale"
+    qualified = f"{schematruth.ESIMD_PACKAGE}::{name}"
+    schema = schematruth.load_data()["esimd"]["b18beee"]["ops"][qualified]["schema"]
+    assert schema.endswith("Tensor(a!) output, int HV, int V, float eps) -> Tensor(a!)")
+
+    def kernel(x, z, norm_weight, gemv_weight, gemv_scale, output, hv, v, eps):
+        normed = (x * torch.sigmoid(z)).reshape(1, -1) * norm_weight.reshape(1, -1)
+        output.copy_(normed.float() @ gemv_weight.float().t() * gemv_scale.float())
+        return output
+
+    lib = torch.library.Library(schematruth.ESIMD_PACKAGE, "DEF")  # noqa: F841
+    lib.define(schema)
+    lib.impl(name, kernel, "CPU")
+    torch.library.register_fake(qualified, lambda *a: a[5], lib=lib)
+    package = types.ModuleType(schematruth.ESIMD_PACKAGE)
+    setattr(package, name, getattr(torch.ops.custom_esimd_kernels_vllm, name))
+    sys.modules[schematruth.ESIMD_PACKAGE] = package
+    calls = _overlay_in_vllm()
+    contract = calls.CONTRACTS[f"{schematruth.ESIMD_PACKAGE}.{name}"]
+    assert contract[2] == ("output",) and contract[3] == ""
+
+    def caller(f):
+        def forward(x, z, nw, gw, gs):
+            output = torch.empty(1, gw.shape[0])
+            out = f(x, z, nw, gw, gs, output, 2, 4, 1e-6)
+            return out * 1, out is output
+
+        return forward
+
+    generator = torch.Generator().manual_seed(0)
+    x, z = (
+        torch.randn(2, 4, generator=generator),
+        torch.randn(2, 4, generator=generator),
+    )
+    nw, gw = torch.rand(8, generator=generator), torch.randn(16, 8, generator=generator)
+    gs = torch.tensor(0.5)
+    eager, same = caller(calls.routed(name))(x, z, nw, gw, gs)
+    assert same and not eager.isnan().any()
+    for backend in ("aot_eager", "inductor"):
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            caller(calls.routed(name)), backend=backend, fullgraph=True
+        )
+        got, _ = compiled(x, z, nw, gw, gs)
+        assert torch.equal(got, eager), backend
+    # the control: the kernel op itself, compiled
+    torch._dynamo.reset()
+    direct = getattr(package, name)
+    with pytest.raises(Exception, match="alias"):
+        torch.compile(caller(direct), backend="aot_eager", fullgraph=True)(
+            x, z, nw, gw, gs
+        )

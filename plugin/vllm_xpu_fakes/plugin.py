@@ -133,9 +133,13 @@ CALLEE_RETURNS = {
     "custom_esimd_kernels_vllm.esimd_rms_norm": "output",
     "custom_esimd_kernels_vllm.esimd_rms_norm_gated": "output",
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_blockscale_fp16_fused2": "o0",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_blockscale": "output",
+    "torch.ops.moe_ops.moe_forward_full_fp8_block": "output",
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": "output",
     "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": "q_out",
     "custom_esimd_kernels_vllm.esimd_gemv_fp16_gelu_mul": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq_spec": "output",
 }
 
 # IPEX's weight-only-quantized linear module class, whose from_weight()

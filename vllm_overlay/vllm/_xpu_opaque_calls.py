@@ -440,6 +440,59 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
         ("conv_state", "ssm_state", "output", "z_out"),
         "",
     ),
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_blockscale_fp16_fused2": (
+        "esimd_gemv_fp8_blockscale_fp16_fused2",
+        (
+            "Tensor input",
+            "Tensor w0",
+            "Tensor s0",
+            "Tensor o0",
+            "Tensor w1",
+            "Tensor o1",
+            "int block_n",
+            "int block_k",
+        ),
+        ("o0", "o1"),
+        "",
+    ),
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_blockscale": (
+        "esimd_norm_gemv_fp8_blockscale",
+        (
+            "Tensor x",
+            "Tensor z",
+            "Tensor norm_weight",
+            "Tensor gemv_weight",
+            "Tensor gemv_scale",
+            "Tensor output",
+            "int HV",
+            "int V",
+            "float eps",
+        ),
+        ("output",),
+        "",
+    ),
+    "torch.ops.moe_ops.moe_forward_full_fp8_block": (
+        "moe_ops_moe_forward_full_fp8_block",
+        (
+            "Tensor x",
+            "Tensor logits",
+            "Tensor output",
+            "Tensor gate_up_weight",
+            "Tensor gate_up_scale",
+            "Tensor shared_gate_up_weight",
+            "Tensor shared_gate_up_scale",
+            "Tensor down_weight",
+            "Tensor down_scale",
+            "Tensor shared_down_weight",
+            "Tensor shared_down_scale",
+            "Tensor shared_expert_gate_weight",
+            "int top_k",
+            "int num_shared_experts",
+            "int n_routed_experts",
+        ),
+        ("output",),
+        "",
+    ),
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": (
         "esimd_gdn_conv_fused_seq",
         (
@@ -491,6 +544,33 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
         ("output",),
         "",
     ),
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq_spec": (
+        "esimd_gdn_conv_fused_seq_spec",
+        (
+            "Tensor qkvz",
+            "Tensor conv_state",
+            "Tensor conv_weight",
+            "Tensor conv_bias",
+            "Tensor spec_state_indices",
+            "Tensor A_log",
+            "Tensor dt_bias",
+            "Tensor ba",
+            "Tensor ssm_state",
+            "Tensor output",
+            "Tensor z_out",
+            "Tensor token_indx",
+            "Tensor num_accepted_tokens",
+            "int num_spec_decodes",
+            "int num_spec_tokens",
+            "int H",
+            "int HV",
+            "int K",
+            "int V",
+            "float scale",
+        ),
+        ("conv_state", "ssm_state", "output", "z_out"),
+        "",
+    ),
 }
 
 # callee -> what it gives its caller: "" nothing, a parameter's name (that
@@ -532,9 +612,13 @@ CALLEE_RETURNS: dict[str, str] = {
     "custom_esimd_kernels_vllm.esimd_rms_norm": "output",
     "custom_esimd_kernels_vllm.esimd_rms_norm_gated": "output",
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused": "output",
+    "custom_esimd_kernels_vllm.esimd_gemv_fp8_blockscale_fp16_fused2": "o0",
+    "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_blockscale": "output",
+    "torch.ops.moe_ops.moe_forward_full_fp8_block": "output",
     "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq": "output",
     "custom_esimd_kernels_vllm.esimd_qkv_split_norm_rope": "q_out",
     "custom_esimd_kernels_vllm.esimd_gemv_fp16_gelu_mul": "output",
+    "custom_esimd_kernels_vllm.esimd_gdn_conv_fused_seq_spec": "output",
 }
 
 _TYPES = {
@@ -630,6 +714,19 @@ def as_custom_op(op: str, original: Callable | None) -> Callable | None:
         return None
     name = next(c for c, contract in CONTRACTS.items() if contract[0] == op)
     _callees.setdefault(name, original)
+    return _ROUTED[op]
+
+
+def routed(op: str) -> Callable:
+    """What a call of a callee of CONTRACTS whose result the caller uses
+    calls instead (``routed("<op>")(...)``): ``torch.ops.vllm.<op>``, the
+    caller given what the callee returns (CALLEE_RETURNS). The callee itself
+    is looked up when the op runs."""
+    return _ROUTED[op]
+
+
+def _caller(name: str) -> Callable:
+    op = CONTRACTS[name][0]
     signature = _signature(CONTRACTS[name][1])
     returns = CALLEE_RETURNS[name]
     picked = [] if returns in ("", "result") else returns.split(", ")
@@ -646,6 +743,12 @@ def as_custom_op(op: str, original: Callable | None) -> Callable | None:
     call.__name__ = call.__qualname__ = op
     call.__doc__ = f"{op} as torch.ops.vllm.{op}"
     return call
+
+
+# op -> the function that calls it as its callee would be called, made once
+_ROUTED: dict[str, Callable] = {
+    contract[0]: _caller(name) for name, contract in CONTRACTS.items()
+}
 
 
 def register_opaque_calls() -> None:

@@ -596,6 +596,8 @@ _CALLEE_NAMES = tuple({c.rsplit(".", 1)[1] for c in OPAQUE_CALLS})
 OPAQUE_IMPORT = "import vllm._xpu_opaque_calls  # noqa: F401\n"
 # where a module keeps a callee to call later (`f = _esimd.f`, `self._op = f`)
 AS_CUSTOM_OP = "vllm._xpu_opaque_calls.as_custom_op"
+# what a call whose result is used calls instead of its callee
+ROUTED = "vllm._xpu_opaque_calls.routed"
 
 
 def _package_mark(callee: str) -> str:
@@ -653,6 +655,14 @@ def opaque_references(
     }
     found: dict[int, tuple[ast.expr, str, ast.AST, ast.Call | None]] = {}
     for node, scope in nodes:
+        looked_up = _getattr_of(node)
+        if looked_up and looked_up.rsplit(".", 1)[-1] in _CALLEE_NAMES:
+            # `getattr(_esimd, "f", None)`: the callee kept, or None
+            for qualified in module.qualify_all(looked_up, scope):
+                if qualified in OPAQUE_CALLS and (only is None or qualified in only):
+                    found[id(node)] = (node, qualified, parents[id(node)], None)
+                    break
+            continue
         if not isinstance(node, ast.Name | ast.Attribute) or not isinstance(
             node.ctx, ast.Load
         ):
@@ -671,6 +681,30 @@ def opaque_references(
                     found[id(node)] = (node, qualified, parent, None)
                 break
     return sorted(found.values(), key=lambda r: (r[0].lineno, r[0].col_offset))
+
+
+def _one_line(segment: str) -> str:
+    """A bracketed expression laid out over lines, on one line (no trailing
+    comma: `getattr(\\n    x, "f", None\\n)` -> `getattr(x, "f", None)`)."""
+    joined = " ".join(part.strip() for part in segment.splitlines())
+    joined = joined.replace("( ", "(").replace(" )", ")")
+    return joined.replace(",)", ")")
+
+
+def _getattr_of(node: ast.AST) -> str:
+    """`<x>.<name>` of a `getattr(<x>, "<name>"[, default])` call, else ''."""
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) in (2, 3)
+        and not node.keywords
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
+        return ""
+    base = names.dotted(node.args[0])
+    return f"{base}.{node.args[1].value}" if base else ""
 
 
 def opaque_call_sites(
@@ -704,9 +738,16 @@ def _refuse_site(call: ast.Call, callee: str, parent: ast.AST) -> str | None:
     missing = [p for p in required if p not in given]
     if missing:
         return f"it does not pass {missing[0]!r}"
-    if not contract["returns"] and not isinstance(parent, ast.Expr):
+    if _result_used(callee, parent) and not contract["callee_returns"]:
         return "its result is used, and the kernel returns nothing it may use"
     return None
+
+
+def _result_used(callee: str, parent: ast.AST) -> bool:
+    """Whether the caller uses what the call returns, where the callee's
+    vLLM op returns nothing: the call becomes `routed("<op>")(...)`,
+    which gives the caller what the callee returns."""
+    return not OPAQUE_CALLS[callee]["returns"] and not isinstance(parent, ast.Expr)
 
 
 def _columns(line: str, node: ast.AST) -> tuple[int, int]:
@@ -719,25 +760,34 @@ def _kept(lines: list[str], expr: ast.expr, callee: str, parent: ast.AST) -> Non
     """A callee kept to call later becomes `as_custom_op("<op>", <it>)` (what
     it was, when it is None); an assignment of it alone, laid out as ruff
     formats a call that does not fit the line."""
-    if expr.lineno != expr.end_lineno:
-        raise RecipeRefusal(f"line {expr.lineno}: {callee} spans lines")
-    row = expr.lineno - 1
-    line = lines[row]
-    start, end = _columns(line, expr)
     op = OPAQUE_CALLS[callee]["op"]
-    arguments = f'"{op}", {line[start:end]}'
-    one = f"{line[:start]}{AS_CUSTOM_OP}({arguments}){line[end:]}"
+    row, last = expr.lineno - 1, expr.end_lineno - 1
+    first_line, last_line = lines[row], lines[last]
+    start = _columns(first_line, expr)[0]
+    end = len(last_line.encode()[: expr.end_col_offset].decode())
     alone = (
         isinstance(parent, ast.Assign | ast.AnnAssign)
         and parent.value is expr
         and parent.lineno == expr.lineno
-        and not line[end:].strip()
+        and not last_line[end:].strip()
     )
+    if row != last and not (alone and _getattr_of(expr)):
+        raise RecipeRefusal(f"line {expr.lineno}: {callee} spans lines")
+    # the callee as one line (a getattr laid out over lines, joined)
+    text = "".join(lines[row : last + 1])
+    it = _one_line(text[start : len(text) - len(last_line) + end])
+    arguments = f'"{op}", {it}'
+    head, tail = first_line[:start], last_line[end:]
+    one = f"{head}{AS_CUSTOM_OP}({arguments}){tail}"
+    indent = first_line[: len(first_line) - len(first_line.lstrip())]
     if len(one.rstrip("\n")) <= 88 or not alone:
-        lines[row] = one
-        return
-    indent = line[: len(line) - len(line.lstrip())]
-    lines[row] = f"{line[:start]}{AS_CUSTOM_OP}(\n{indent}    {arguments}\n{indent})\n"
+        laid = one
+    elif len(indent) + 4 + len(arguments) <= 88:
+        laid = f"{head}{AS_CUSTOM_OP}(\n{indent}    {arguments}\n{indent})\n"
+    else:  # one argument a line, ruff's trailing comma
+        each = f'{indent}    "{op}",\n{indent}    {it},\n'
+        laid = f"{head}{AS_CUSTOM_OP}(\n{each}{indent})\n"
+    lines[row : last + 1] = [laid]
 
 
 def _wrapped(lines: list[str], row: int, call: ast.Call, parent: ast.AST) -> None:
@@ -804,13 +854,19 @@ def edit_opaque_calls(text: str, only: frozenset[str] | None = None) -> str:
         row = expr.lineno - 1
         start, end = _columns(lines[row], expr)
         op = OPAQUE_CALLS[callee]["op"]
-        lines[row] = f"{lines[row][:start]}torch.ops.vllm.{op}{lines[row][end:]}"
+        target = f"torch.ops.vllm.{op}"
+        if _result_used(callee, parent):
+            target = f'{ROUTED}("{op}")'
+        lines[row] = f"{lines[row][:start]}{target}{lines[row][end:]}"
         if len(lines[row].rstrip("\n")) > 88:
             _wrapped(lines, row, called, parent)
     heads = {names.dotted(call.func).split(".")[0] for call, _, _ in sites}
     lines = _lines("".join(lines))  # a kept callee's call may span lines now
     _keep_unused_imports(lines, heads)
-    kept = any(called is None for *_, called in references)
+    kept = any(
+        called is None or _result_used(callee, parent)
+        for _, callee, parent, called in references
+    )
     _insert_first_party_import(
         lines, body, OPAQUE_IMPORT if not kept else OPAQUE_IMPORT.split("  #")[0] + "\n"
     )

@@ -107,6 +107,49 @@ def contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
                 ],
             }
             found[callee] = entry
+    found.update(_alias_contracts(truth, label))
+    return found
+
+
+def _alias_contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
+    """callee -> its contract, for each op whose schema returns a declared
+    alias (`-> Tensor(a!)`) a traced call reaches: functionalization refuses
+    a custom op with one (compiling fails), so it runs as the lying ops do,
+    behind a vLLM op that marks its writes and returns nothing, the caller
+    given the argument the kernel returns (issue 50)."""
+    found: dict[str, dict] = {}
+    for op, facts in sorted(truth.alias_facts.items()):
+        schema = facts.schema
+        written = {e["param"] for e in facts.writes} | set(marked_elsewhere(op, schema))
+        mutates = [a.name for a in schema.args if a.writes or a.name in written]
+        aliased = schema.returned_aliases()
+        cited = [
+            f"{facts.where}: {facts.text}",
+            f"returns a declared alias `{', '.join(aliased)}`: functionalization "
+            "refuses a custom op whose output has an alias annotation",
+        ]
+        cited += [
+            f"writes `{e['param']}`: {e['how']} ({e['at']})"
+            for e in facts.writes
+            if not any(a.name == e["param"] and a.writes for a in schema.args)
+        ]
+        sites = [s for s in truth.refused_sites if s.call.op == op]
+        for callee in dict.fromkeys(s.call.target or s.call.via for s in sites):
+            found[callee] = {
+                "op": _op_name(op),
+                "kernel_op": op,
+                "params": [_param(a) for a in schema.args],
+                "mutates": mutates,
+                "returns": "",
+                "callee_returns": ", ".join(aliased),
+                "source": " | ".join(cited),
+                "trees": [label],
+                "sites": [
+                    f"{s.call.file}:{s.call.line} {s.call.function}: {s.when}"
+                    for s in sites
+                    if (s.call.target or s.call.via) == callee
+                ],
+            }
     return found
 
 
@@ -152,7 +195,9 @@ def merged(each: list[dict[str, dict]]) -> dict[str, dict]:
 
 HEADER = """\
 # The contracts of the fix for the ops whose schemas lie about what their
-# kernel writes or returns, on a tree's traced path (issue 42, item 2): each
+# kernel writes or returns, on a tree's traced path (issue 42, item 2), and
+# for those whose schemas return a declared alias, which functionalization
+# refuses (`-> Tensor(a!)`: compiling fails; issue 50): each
 # such op run as a vLLM custom op that declares exactly what it writes and
 # returns nothing, its caller getting what the callee returned. The form of
 # data/opaque_calls.toml, keyed by the callee the tree calls:

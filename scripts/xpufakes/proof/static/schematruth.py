@@ -177,6 +177,9 @@ class Truth:
     # traced calls of kernel ops whose schema returns an alias (Tensor(a!)),
     # which functionalization refuses for a custom op: compiling them fails
     refused: list[treeops.Call] = field(default_factory=list)
+    # where those traced calls are (the contracts' sites), and each op's facts
+    refused_sites: list["Site"] = field(default_factory=list)
+    alias_facts: dict[str, Facts] = field(default_factory=dict)
     seconds: float = 0.0  # wall clock
     cpu_seconds: float = 0.0  # this process's CPU time
 
@@ -393,6 +396,21 @@ def _gaps(truth: "OpTruth", contract: tuple) -> list[str]:
     return gaps
 
 
+def _routed_by_plugin(call: treeops.Call, routings, wrappers) -> bool:
+    """Whether the installed plugin routes this call (its callee rebound to
+    a vLLM op of its contracts; the series' routes show as calls of
+    torch.ops.vllm.<op> instead)."""
+    for routing in routings:
+        if routing.in_tree:
+            continue
+        for callee, contract in routing.contracts.items():
+            if (call.target == callee or call.via == callee) and _fits(
+                call, contract[1]
+            ):
+                return _kernel_op(callee, wrappers) == call.op
+    return False
+
+
 def _fits(call: treeops.Call, params) -> bool:
     """Whether the plugin's wrapper routes the call (it passes every
     parameter the contract requires; else it is the original's call)."""
@@ -553,8 +571,10 @@ def check(
         if c.op in facts
         and facts[c.op].own is None
         and facts[c.op].schema.returned_aliases()
+        and not _routed_by_plugin(c, routings, wrappers)
     ]
-    reached = _place(lying, by_op, unknown + aliasing, texts, source, fixed)
+    placed = _place(lying, by_op, unknown + aliasing, texts, source, fixed)
+    reached = [site.call for site in placed]
     split = pathconditions.splitting_ops(texts)
     for o in lying:
         if o.op in split:
@@ -563,6 +583,8 @@ def check(
     unknown = [c for c in unknown if c in reached]
     truth = Truth(lying, checked, unknown, sources, warnings)
     truth.refused = [c for c in aliasing if c in reached]
+    truth.refused_sites = [site for site in placed if site.call in aliasing]
+    truth.alias_facts = {c.op: facts[c.op] for c in truth.refused}
     truth.seconds = time.monotonic() - start
     truth.cpu_seconds = time.process_time() - cpu
     return truth
@@ -785,8 +807,8 @@ def _fake_aliases(kind: str) -> list[tuple[str, bool]]:
 
 def _place(lying: list[OpTruth], by_op, unknown_calls, texts, source, fixed) -> list:
     """Each lying op's calls placed (Site), those through the fix's vLLM op
-    apart; the calls of ops without a known schema that the traced path
-    reaches."""
+    apart; the Sites of the other calls given (of ops without a known
+    schema, of ops returning an alias) that the traced path reaches."""
     each = {
         o.op: [(c, False) for c in by_op.get(o.op, [])]
         + [(c, True) for c in fixed.get(o.op, ([],))[0]]
@@ -807,7 +829,18 @@ def _place(lying: list[OpTruth], by_op, unknown_calls, texts, source, fixed) -> 
                 when = ""
             placed = Site(call, configurations, finding.entry, note, when)
             (o.fixed if routed else o.sites).append(placed)
-    return [c for c in unknown_calls if explained[(c.module, c.function)].reached]
+    sites = []
+    for call in unknown_calls:
+        finding = explained[(call.module, call.function)]
+        if not finding.reached:
+            continue
+        step = reach.Step(call.file, call.line, call.function)
+        steps = [*finding.chain[:-1], step] if finding.chain else [step]
+        when = pathconditions.conditions(source, steps)
+        if when.startswith(pathconditions.NOT_ON_XPU):
+            continue  # another platform's path
+        sites.append(Site(call, list(finding.configurations), finding.entry, "", when))
+    return sites
 
 
 # ---------------------------------------------------------------------------
