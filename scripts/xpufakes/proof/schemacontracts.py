@@ -90,24 +90,32 @@ def contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
                 + "; ".join(lie.evidence[:2])
             )
         reached = [s for s in o.sites if s.reached]
-        for callee in dict.fromkeys(s.call.target or s.call.via for s in reached):
-            entry = {
-                "op": _op_name(o.op),
-                "kernel_op": o.op,
-                "params": [_param(a) for a in schema.args],
-                "mutates": mutates,
-                "returns": "" if callee_returns != "result" else "result",
-                "callee_returns": callee_returns,
-                "source": " | ".join(cited),
-                "trees": [label],
-                "sites": [
-                    f"{s.call.file}:{s.call.line} {s.call.function}: {s.when}"
-                    for s in reached
-                    if (s.call.target or s.call.via) == callee
-                ],
-            }
-            found[callee] = entry
+        found.update(
+            _by_callee(o.op, schema, mutates, callee_returns, cited, reached, label)
+        )
     found.update(_alias_contracts(truth, label))
+    return found
+
+
+def _by_callee(op, schema, mutates, callee_returns, cited, sites, label) -> dict:
+    """callee -> the contract of `op` for the traced calls (`sites`) of it."""
+    found = {}
+    for callee in dict.fromkeys(s.call.target or s.call.via for s in sites):
+        found[callee] = {
+            "op": _op_name(op),
+            "kernel_op": op,
+            "params": [_param(a) for a in schema.args],
+            "mutates": mutates,
+            "returns": "" if callee_returns != "result" else "result",
+            "callee_returns": callee_returns,
+            "source": " | ".join(cited),
+            "trees": [label],
+            "sites": [
+                f"{s.call.file}:{s.call.line} {s.call.function}: {s.when}"
+                for s in sites
+                if (s.call.target or s.call.via) == callee
+            ],
+        }
     return found
 
 
@@ -134,22 +142,9 @@ def _alias_contracts(truth: schematruth.Truth, label: str) -> dict[str, dict]:
             if not any(a.name == e["param"] and a.writes for a in schema.args)
         ]
         sites = [s for s in truth.refused_sites if s.call.op == op]
-        for callee in dict.fromkeys(s.call.target or s.call.via for s in sites):
-            found[callee] = {
-                "op": _op_name(op),
-                "kernel_op": op,
-                "params": [_param(a) for a in schema.args],
-                "mutates": mutates,
-                "returns": "",
-                "callee_returns": ", ".join(aliased),
-                "source": " | ".join(cited),
-                "trees": [label],
-                "sites": [
-                    f"{s.call.file}:{s.call.line} {s.call.function}: {s.when}"
-                    for s in sites
-                    if (s.call.target or s.call.via) == callee
-                ],
-            }
+        found.update(
+            _by_callee(op, schema, mutates, ", ".join(aliased), cited, sites, label)
+        )
     return found
 
 
