@@ -264,6 +264,81 @@ def test_inside_a_vllm_op_or_a_multimodal_encoder_is_not_traced():
     assert finding.chain[0].function == "TextAttention.forward"
 
 
+ROUTED_MOE = """
+import torch
+from torch import nn
+
+import vllm._C.ops
+
+
+class TinyMoE(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+        def route(logits, top_k):
+            return vllm._C.ops.topk_softmax(logits, top_k)
+
+        self._route = route
+
+    def forward(self, x):
+        return self._route(x, 2)
+"""
+
+
+def test_a_function_defined_in_init_stored_and_called_in_forward_is_traced():
+    """Gemma 4's MoE routing in llm-scaler's image: a function defined in
+    __init__, kept as self._esimd_routing_fn, called in forward. Its calls
+    run where it is called, not in __init__. Negative control: never
+    called, it is not traced."""
+    finding = _one(
+        reach.find(_tree(model_executor__models__tiny=ROUTED_MOE)),
+        "vllm._C.ops.topk_softmax",
+    )
+    assert finding.configurations == [reach.DEFAULT], finding.note
+    assert [s.function for s in finding.chain] == [
+        "TinyMoE.forward",
+        "TinyMoE.__init__.route",
+    ]
+    # schema truth's question, of the function by its nested name
+    texts = _tree(model_executor__models__tiny=ROUTED_MOE)
+    key = ("vllm.model_executor.models.tiny", "TinyMoE.__init__.route")
+    assert reach.explain(texts, [key])[key].configurations == [reach.DEFAULT]
+    unused = ROUTED_MOE.replace("return self._route(x, 2)", "return x")
+    finding = _one(
+        reach.find(_tree(model_executor__models__tiny=unused)),
+        "vllm._C.ops.topk_softmax",
+    )
+    assert not finding.reached and "TinyMoE.__init__" in finding.note
+
+
+def test_a_function_defined_in_forward_runs_where_forward_calls_or_passes_it():
+    """Defined in forward and called there by its name: traced, through
+    it. Passed on as a value the search cannot follow: counted where the
+    function that defines it is, and said (never less reached than the
+    call was when it counted as forward's own)."""
+    called = ROUTED_MOE.replace(
+        "    def forward(self, x):\n        return self._route(x, 2)\n",
+        "    def forward(self, x):\n"
+        "        def inner(y):\n"
+        "            return vllm._C.ops.topk_softmax(y, 2)\n\n"
+        "        return inner(x)\n",
+    )
+    findings = reach.find(_tree(model_executor__models__tiny=called))
+    inner = [f for f in findings if f.site.function == "TinyMoE.forward.inner"]
+    assert len(inner) == 1 and inner[0].configurations == [reach.DEFAULT]
+    assert [s.function for s in inner[0].chain] == [
+        "TinyMoE.forward",
+        "TinyMoE.forward.inner",
+    ]
+    passed = called.replace("return inner(x)", "return torch.vmap(inner)(x)")
+    findings = reach.find(_tree(model_executor__models__tiny=passed))
+    inner = [f for f in findings if f.site.function == "TinyMoE.forward.inner"]
+    assert len(inner) == 1 and inner[0].configurations == [reach.DEFAULT]
+    assert "defined in TinyMoE.forward, which the traced path reaches" in (
+        inner[0].note
+    )
+
+
 def test_xpu_code_nothing_can_be_followed_to_counts_as_traced():
     """Called through an object whose class the source does not say, a sink
     in XPU code counts (conservative, and says so); a dead one does not."""

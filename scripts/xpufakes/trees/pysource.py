@@ -81,6 +81,46 @@ def statements(node: ast.AST):
                     todo.extend(value)
 
 
+def own_statements(function: ast.AST):
+    """The statements of a function's body, in its compound statements too,
+    and the functions and classes defined there, not what is inside those."""
+    todo = deque(function.body)
+    while todo:
+        node = todo.popleft()
+        yield node
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        for name in node._fields:
+            if name in _BLOCKS:
+                value = getattr(node, name, None)
+                if isinstance(value, list):
+                    todo.extend(value)
+
+
+def nested_calls(function: ast.AST, qual: str) -> dict[int, str]:
+    """id(call) -> the qualname of the function defined inside `function`
+    (at any depth) that holds the call, for the calls in such functions
+    ("C.__init__.route"): a call there runs when that function is called,
+    not when `function` runs."""
+    found: dict[int, str] = {}
+    todo = [
+        (node, f"{qual}.{node.name}")
+        for node in own_statements(function)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    while todo:
+        node, name = todo.pop()
+        for inner in walk(node):
+            if isinstance(inner, ast.Call):
+                found[id(inner)] = name  # the innermost's, set last below
+        todo.extend(
+            (child, f"{name}.{child.name}")
+            for child in own_statements(node)
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+        )
+    return found
+
+
 def parse(texts: dict[str, str], path: str, parsed: dict | None = None):
     """The syntax tree of texts[path] (None: it does not parse), from
     `parsed` (path -> tree) when an earlier parse put it there: the scan and
@@ -279,6 +319,42 @@ class Module:
             if first == len(lines) or lines[first] > function.end_lineno:
                 return {}
         return local_imports(self.name, function, self.is_package)
+
+    def function_node(self, qualname: str) -> ast.AST | None:
+        """The def of a function, one defined inside another too
+        ("C.__init__.route")."""
+        if qualname in self.functions:
+            return self.functions[qualname]
+        head, _, name = qualname.rpartition(".")
+        outer = self.function_node(head) if head else None
+        if outer is None:
+            return None
+        return next(
+            (
+                node
+                for node in own_statements(outer)
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.name == name
+            ),
+            None,
+        )
+
+    def nested_function(self, scope: str, name: str) -> str | None:
+        """The qualname of a function `name` defined in the body of function
+        `scope` (not in a function inside it), or None."""
+        function = self.functions.get(scope)
+        if function is None:
+            return None
+        return next(
+            (
+                f"{scope}.{name}"
+                for node in own_statements(function)
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.name == name
+                and node is not function
+            ),
+            None,
+        )
 
     def imports_in(self, qualname: str) -> dict[str, str]:
         """The imports a function sees: its own over the module's."""
@@ -492,11 +568,17 @@ class SourceTree:
         return self._instances[key]
 
     def function_refs(self, module: str, cls: str, attr: str) -> set:
-        """The functions self.<attr> may hold (`self.op = ipex_ops.silu_and_mul`)."""
+        """The functions self.<attr> may hold (`self.op = ipex_ops.silu_and_mul`;
+        a function defined in the method that stores it, `def route(...)`
+        then `self._route = route`: "Class.__init__.route", as the call
+        sites in it are named)."""
         found = set()
         for parsed, scope, value in self.attr_values(module, cls, attr):
             name = names.dotted(value)
-            if name and name.split(".")[0] != "self":
+            nested = parsed.nested_function(scope, name) if name else None
+            if nested is not None:
+                found.add(Func(parsed.name, nested))
+            elif name and name.split(".")[0] != "self":
                 target = self.resolve_name(parsed, scope, name)
                 if target and target[0] == "function":
                     found.add(Func(target[1], target[2]))

@@ -24,7 +24,7 @@ def conditions(source: SourceTree, steps: list) -> str:
     named: dict[str, str] = {}
     for step in steps:
         module = source.module(module_name(step.file))
-        function = module.functions.get(step.function) if module else None
+        function = module.function_node(step.function) if module else None
         if function is None:
             continue
         found += guards(function, step.line)

@@ -65,6 +65,7 @@ from xpufakes.trees import logonce, names, natives
 from xpufakes.trees.pysource import Func as _Func
 from xpufakes.trees.pysource import Module as _Module
 from xpufakes.trees.pysource import SourceTree as _Tree
+from xpufakes.trees.pysource import nested_calls
 from xpufakes.trees.pysource import walk as _walk
 
 DATA = tomllib.loads((paths.DATA / "untraceable.toml").read_text())
@@ -515,6 +516,12 @@ class _Search:
                     return False
                 elif self._attr_call(module, scope, owner, base, func):
                     return True
+            if (
+                isinstance(expr, ast.Name)
+                and func.module == module.name
+                and func.qualname == f"{scope}.{expr.id}"
+            ):  # a function defined in this one, called by its name here
+                return True
             name = names.dotted(expr)
             if name and name.split(".")[0] not in ("self", "cls"):
                 for target in self.tree.resolve_all(module, scope, name):
@@ -669,6 +676,7 @@ def _sink_calls(module: _Module, search: _Search, declared: set[str]):
     for qual, node in module.functions.items():
         owner = qual.rpartition(".")[0]
         guarded = None
+        inner = nested_calls(node, qual)
         for call in _calls(node):
             name = names.dotted(call.func)
             if not name:
@@ -688,12 +696,14 @@ def _sink_calls(module: _Module, search: _Search, declared: set[str]):
                 and len(head) > 2
                 and f"{owner}.{head[1]}" in ctypes_handles
             ):
-                found.append((qual, call, name, CTYPES))
+                found.append((inner.get(id(call), qual), call, name, CTYPES))
                 continue
             for qualified in module.qualify_all(name, qual):
                 sink = _sink_of(qualified, declared)
                 if sink is not None:
-                    found.append((qual, call, *sink))
+                    # a call in a function defined here runs where that
+                    # function is called (stored: self._route = route)
+                    found.append((inner.get(id(call), qual), call, *sink))
                     break
     return found
 
@@ -822,7 +832,50 @@ def explain(
 
 def _explain(search: _Search, func: _Func, prefer: str, upwards: bool) -> Finding:
     """Search backwards from a function that holds sinks to the entries: a
-    Finding whose callee, kind and site are to be filled in (Finding.at)."""
+    Finding whose callee, kind and site are to be filled in (Finding.at).
+    A function defined inside another ("C.__init__.route") is reached where
+    it is called: by its name in the function that defines it, or through
+    an attribute that stores it (`self._route = route`, called in forward);
+    where neither reaches it, it counts as reached where the function that
+    defines it is (it may be passed on as a value the search cannot follow),
+    so a call in it is never counted as less reached than it was."""
+    finding = _search_up(search, func, prefer, upwards)
+    outer = _definer(search, func)
+    if finding.reached or outer is None:
+        return finding
+    around = _explain(search, outer, prefer, upwards)
+    if not around.reached:
+        return finding
+    around = Finding(
+        "",
+        "",
+        finding.site,
+        list(around.configurations),
+        [*around.chain, finding.site] if around.chain else [],
+        around.entry,
+        around.note,
+    )
+    around.note = (
+        f"{func.qualname} is defined in {outer.qualname}, which the traced path "
+        f"reaches; where it is called the search cannot follow"
+        + (f" ({finding.note})" if finding.note else "")
+    )
+    return around
+
+
+def _definer(search: _Search, func: _Func) -> _Func | None:
+    """The function a nested function is defined in, if func is one."""
+    module = search.tree.module(func.module)
+    head = func.qualname.rpartition(".")[0]
+    if module is None or func.qualname in module.functions or not head:
+        return None
+    while head and head not in module.functions:
+        head = head.rpartition(".")[0]
+    return _Func(func.module, head) if head else None
+
+
+def _search_up(search: _Search, func: _Func, prefer: str, upwards: bool) -> Finding:
+    """_explain's search, of func itself."""
     site = Step(_path(search, func), 0, func.qualname)
     finding = Finding("", "", site)
     # BFS over callers; parent[f] = (callee it calls, line)
