@@ -610,6 +610,51 @@ def test_moe_gelu_tanh_mul():
     )
 
 
+def test_moe_topk():
+    """Per row r < T: softmax of the 128 logits; the 8 largest, the lowest
+    expert id first among equal ones; their values over their sum into
+    top_values (fp16), their ids into top_indices (int32); returns
+    top_values. Row 0 holds a tie (experts 70 and 3 equal: 3 first); the
+    third row is past T: it stays. Wrong math: not renormalized; a tie
+    taken by the higher id."""
+    rows, t, experts, k = 3, 2, 128, 8
+
+    def make():
+        logits = _half(rows, experts, seed=41, scale=3.0)
+        logits[0, 3] = logits[0, 70] = 9.0
+        return [
+            logits,
+            torch.full((rows, k), -5.0, dtype=torch.float16),
+            torch.full((rows, k), -1, dtype=torch.int32),
+            t,
+        ]
+
+    def expect(args, renormalize=True, high_first=False):
+        values, ids = [], []
+        for row in _rows(args[0])[:t]:
+            top = max(row)
+            e = [math.exp(v - top) for v in row]
+            p = [v / sum(e) for v in e]
+            ranked = sorted(
+                range(experts), key=lambda i: (-p[i], -i if high_first else i)
+            )[:k]
+            total = sum(p[i] for i in ranked) if renormalize else 1.0
+            values += [p[i] / total for i in ranked]
+            ids += ranked
+        return {1: _replace(args[1], 0, values), 2: _replace(args[2], 0, ids)}
+
+    assert_checked(
+        kernels.moe_topk,
+        make,
+        expect,
+        1,
+        [
+            lambda args: expect(args, renormalize=False),
+            lambda args: expect(args, high_first=True),
+        ],
+    )
+
+
 def _gated(x, z, w, heads, v, eps) -> list:
     """Each head's x * rsqrt(mean(x^2) + eps) * w * silu(z), flat."""
     y = []
@@ -829,6 +874,7 @@ NEW = {
     "esimd_gemv_int4",
     "esimd_gemv_int4_fused2",
     "esimd_moe_gelu_tanh_mul",
+    "esimd_moe_topk",
     "esimd_norm_add_norm",
     "esimd_norm_gemv_fp8_pert",
     "esimd_norm_gemv_int4_pert",
@@ -840,7 +886,7 @@ NEW = {
 
 
 def test_each_reference_has_its_source():
-    """The 14 are references, each with where its C++ is (file:line)."""
+    """The 15 are references, each with where its C++ is (file:line)."""
     assert set(kernels.REFERENCES) >= NEW
     assert set(kernels.SOURCES) == set(kernels.REFERENCES)
     for name in NEW:

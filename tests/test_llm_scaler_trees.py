@@ -415,7 +415,7 @@ def test_b18beee_schema_truth(tmp_path):
     )
     failing = {o["op"]: o for o in report["ops"] if o["failing"]}
     esimd = [op for op in failing if op.startswith("custom_esimd_kernels_vllm::")]
-    assert len(esimd) == 20, sorted(esimd)
+    assert len(esimd) == 21, sorted(esimd)
     block = failing[BLOCK_FP8]
     kinds = {(x["kind"], x["argument"]) for x in block["lies"]}
     assert kinds == {("a", "output"), ("b", "output"), ("d", "output")}, kinds
@@ -429,7 +429,8 @@ def test_b18beee_schema_truth(tmp_path):
     norm = failing["custom_esimd_kernels_vllm::esimd_norm_add_norm"]
     assert ("c", "") in {(x["kind"], x["argument"]) for x in norm["lies"]}
     # the kernels followed (issue 51): the fused GEMVs write o1 too, which
-    # they do not return; esimd_moe_topk writes top_indices (not traced);
+    # they do not return; esimd_moe_topk writes top_indices (traced: Gemma
+    # 4's routing function, stored in __init__ and called in forward);
     # the resadd GEMV only reads hidden_states
     by_op = {
         o["op"]: {(x["kind"], x["argument"]) for x in o["lies"]} for o in report["ops"]
@@ -438,6 +439,10 @@ def test_b18beee_schema_truth(tmp_path):
         assert f"custom_esimd_kernels_vllm::{fused}" in failing
         assert ("a", "o1") in by_op[f"custom_esimd_kernels_vllm::{fused}"], fused
     assert ("a", "top_indices") in by_op["custom_esimd_kernels_vllm::esimd_moe_topk"]
+    (route,) = failing["custom_esimd_kernels_vllm::esimd_moe_topk"]["sites"]
+    assert route["function"] == "Gemma4MoE.__init__.routing_function", route
+    assert route["configurations"] == ["default"], route
+    assert "ENABLE_MOE_ESIMD_ROUTING" in route["when"], route["when"]
     resadd = by_op["custom_esimd_kernels_vllm::esimd_resadd_norm_gemv_fp8_pert"]
     assert ("a", "hidden_states") not in resadd and ("a", "residual") in resadd
     # negative control: the tree's fake of the block GEMM made to return its
@@ -493,7 +498,7 @@ def test_lying_esimd_ops_fixed_by_recipe_and_by_plugin(commit, tmp_path):
     assert fixed(truth) == lying
     assert not [o["op"] for o in truth["ops"] if o["failing"] or o["gaps"]]
     if commit == "b18beee":
-        assert len(lying) == 20
+        assert len(lying) == 21
         block = next(o for o in truth["ops"] if o["op"] == BLOCK_FP8)
         site = "vllm/model_executor/kernels/linear/scaled_mm/xpu_block.py:162"
         assert f"{site} (traced)" in block["fixed_sites"]

@@ -124,6 +124,7 @@ CALLEE_RETURNS = {
     "custom_esimd_kernels_vllm.esimd_gemv_int4": "output",
     "custom_esimd_kernels_vllm.esimd_gemv_int4_fused2": "o0",
     "custom_esimd_kernels_vllm.esimd_moe_gelu_tanh_mul": "output",
+    "custom_esimd_kernels_vllm.esimd_moe_topk": "top_values",
     "custom_esimd_kernels_vllm.esimd_norm_add_norm": "",
     "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_pert": "output",
     "custom_esimd_kernels_vllm.esimd_norm_gemv_int4_pert": "output",

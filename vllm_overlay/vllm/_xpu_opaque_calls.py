@@ -313,6 +313,12 @@ CONTRACTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
         ("output",),
         "",
     ),
+    "custom_esimd_kernels_vllm.esimd_moe_topk": (
+        "esimd_moe_topk",
+        ("Tensor router_logits", "Tensor top_values", "Tensor top_indices", "int T"),
+        ("top_values", "top_indices"),
+        "",
+    ),
     "custom_esimd_kernels_vllm.esimd_norm_add_norm": (
         "esimd_norm_add_norm",
         (
@@ -603,6 +609,7 @@ CALLEE_RETURNS: dict[str, str] = {
     "custom_esimd_kernels_vllm.esimd_gemv_int4": "output",
     "custom_esimd_kernels_vllm.esimd_gemv_int4_fused2": "o0",
     "custom_esimd_kernels_vllm.esimd_moe_gelu_tanh_mul": "output",
+    "custom_esimd_kernels_vllm.esimd_moe_topk": "top_values",
     "custom_esimd_kernels_vllm.esimd_norm_add_norm": "",
     "custom_esimd_kernels_vllm.esimd_norm_gemv_fp8_pert": "output",
     "custom_esimd_kernels_vllm.esimd_norm_gemv_int4_pert": "output",

@@ -6,8 +6,8 @@ writes exactly the buffers the C++ writes (in place, through the tensor the
 caller passed) and returns what the C++ returns (that same tensor, or
 nothing). The math is the C++'s, small: fp32 accumulation, the result cast
 to the buffer's dtype. Every ESIMD op data/schema_contracts.toml names on
-llm-scaler b18beee's traced path (the 20 whose schemas hide a write there)
-has one; an op without one, as those only other images' trees reach
+llm-scaler b18beee's traced path (the 21 whose schemas hide a write there,
+esimd_moe_topk under ENABLE_MOE_ESIMD_ROUTING=1) has one; an op without one, as those only other images' trees reach
 (0a85564's esimd_gdn_conv_fused, esimd_gdn_conv_fused_seq and
 esimd_qkv_split_norm_rope, 25095b4's esimd_gemv_fp16_gelu_mul), has a
 stand-in that raises, naming it (esimd.py)."""
@@ -31,6 +31,7 @@ SOURCES = {
     "esimd_gemv_int4": "csrc/xpu/esimd_kernel.sycl:200",
     "esimd_gemv_int4_fused2": "csrc/xpu/esimd_kernel.sycl:214",
     "esimd_moe_gelu_tanh_mul": "csrc/xpu/esimd_kernel_moe.sycl:148",
+    "esimd_moe_topk": "csrc/xpu/esimd_kernel_moe.sycl:24",
     "esimd_norm_add_norm": "csrc/xpu/esimd_kernel.sycl:611",
     "esimd_norm_gemv_fp8_pert": "csrc/xpu/esimd_kernel.sycl:347",
     "esimd_norm_gemv_int4_pert": "csrc/xpu/esimd_kernel.sycl:439",
@@ -594,6 +595,26 @@ def moe_gelu_tanh_mul(input, output, N_gate_up, N_half, total_rows):
     return output
 
 
+def moe_topk(router_logits, top_values, top_indices, T):
+    """For each row r < T of router_logits [T, 128] (fp16): p = softmax in
+    fp32 (exp(x - max) / sum); the 8 largest p, each round the largest
+    left, the lowest expert id among equal ones (moe_ops.h:320-350: the
+    first 64 win a tie with the last 64, the lowest index within); their
+    values divided by their sum into top_values[r] (fp16), their ids into
+    top_indices[r] (int32) (MoE_TopK_Kernel, moe_ops.h:278-365: 128
+    experts, top 8, fixed). Writes both; returns top_values."""
+    _typed(top_indices, torch.int32)
+    experts, k = 128, 8
+    logits = _flat(router_logits)[: T * experts].view(T, experts).float()
+    probs = torch.softmax(logits, dim=-1)
+    order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    chosen = probs.gather(-1, order)
+    chosen = chosen * (1.0 / chosen.sum(-1, keepdim=True))
+    _flat(top_values)[: T * k].copy_(chosen.reshape(-1))
+    _flat(top_indices)[: T * k].copy_(order.reshape(-1).to(torch.int32))
+    return top_values
+
+
 # op name (without its namespace) -> reference
 REFERENCES: dict[str, Callable] = {
     "esimd_gemm_fp8_blockscale": gemm_fp8_blockscale,
@@ -609,6 +630,7 @@ REFERENCES: dict[str, Callable] = {
     "esimd_gemv_int4": gemv_int4,
     "esimd_gemv_int4_fused2": gemv_int4_fused2,
     "esimd_moe_gelu_tanh_mul": moe_gelu_tanh_mul,
+    "esimd_moe_topk": moe_topk,
     "esimd_norm_add_norm": norm_add_norm,
     "esimd_norm_gemv_fp8_pert": norm_gemv_fp8_pert,
     "esimd_norm_gemv_int4_pert": norm_gemv_int4_pert,
