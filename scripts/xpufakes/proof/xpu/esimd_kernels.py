@@ -7,8 +7,9 @@ caller passed) and returns what the C++ returns (that same tensor, or
 nothing). The math is the C++'s, small: fp32 accumulation, the result cast
 to the buffer's dtype. Every ESIMD op data/schema_contracts.toml names on
 llm-scaler b18beee's traced path (the 21 whose schemas hide a write there,
-esimd_moe_topk under ENABLE_MOE_ESIMD_ROUTING=1) has one; an op without one, as those only other images' trees reach
-(0a85564's esimd_gdn_conv_fused, esimd_gdn_conv_fused_seq and
+esimd_moe_topk under ENABLE_MOE_ESIMD_ROUTING=1) has one; an op without
+one, as those only other images' trees reach (0a85564's
+esimd_gdn_conv_fused, esimd_gdn_conv_fused_seq and
 esimd_qkv_split_norm_rope, 25095b4's esimd_gemv_fp16_gelu_mul), has a
 stand-in that raises, naming it (esimd.py)."""
 
