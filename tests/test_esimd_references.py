@@ -241,6 +241,51 @@ def _gemv(rows, x) -> list:
 
 
 @pytest.mark.parametrize("rows", [1, 2])
+def test_rms_norm_and_fused_add_rms_norm_take_one_row(rows):
+    """esimd_rms_norm: output = rmsnorm(input) * weight; esimd_fused_add_
+    rms_norm: residual += h, h = rmsnorm(residual) * weight; one row each
+    (K = size(-1), nd_range 1: fused_add_rms_norm.h:221-233, 295-299):
+    with 2 rows, row 1 stays. The batched op normalizes every row. Wrong
+    math: every row normalized by the one-row ops; 1 + w."""
+    k, eps = 128, 1e-6
+
+    def make_norm():
+        return [_half(rows, k, seed=5), _half(rows, k, seed=6), _half(k, seed=7), eps]
+
+    def expect_norm(args, every_row=False, plus_one=False):
+        w = [v + float(plus_one) for v in args[2].double().tolist()]
+        out = []
+        for x in _rows(args[0])[: rows if every_row else 1]:
+            inv = _rms_inv(x, k, eps)
+            out += [v * inv * wk for v, wk in zip(x, w, strict=True)]
+        return {1: _replace(args[1], 0, out)}
+
+    wrong = [lambda a: expect_norm(a, plus_one=True)]
+    if rows > 1:
+        wrong.append(lambda a: expect_norm(a, every_row=True))
+    assert_checked(kernels.rms_norm, make_norm, expect_norm, 1, wrong)
+
+    def make_add():
+        return [_half(rows, k, seed=8), _half(rows, k, seed=9), _half(k, seed=3), eps]
+
+    def expect_add(args, count=1):
+        h_out, r_out = [], []
+        w = args[2].double().tolist()
+        for h, r in list(zip(_rows(args[0]), _rows(args[1]), strict=True))[:count]:
+            added = [a + b for a, b in zip(h, r, strict=True)]
+            inv = _rms_inv(added, k, eps)
+            h_out += [v * inv * wk for v, wk in zip(added, w, strict=True)]
+            r_out += added
+        return {0: _replace(args[0], 0, h_out), 1: _replace(args[1], 0, r_out)}
+
+    wrong = [lambda a: expect_add(a, rows)] if rows > 1 else []
+    assert_checked(kernels.fused_add_rms_norm, make_add, expect_add, 0, wrong)
+    batched = kernels.REFERENCES["esimd_fused_add_rms_norm_batched"]
+    wrong = [lambda a: expect_add(a, 1)] if rows > 1 else []
+    assert_checked(batched, make_add, lambda a: expect_add(a, rows), 0, wrong)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
 def test_fused_scaled_add_rms_norm(rows):
     """residual <- (h + r) * scalar; hidden_states <- rmsnorm(residual) *
     weight (weight as given); returns hidden_states. One row: K =

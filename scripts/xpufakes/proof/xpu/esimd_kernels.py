@@ -101,16 +101,31 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_norm(input, output, weight, eps):
-    """output = rmsnorm(input) * weight; returns output."""
-    output.copy_(_rms(input, weight, eps))
+    """output = rmsnorm(input) * weight, of one row: K = input.size(-1),
+    nd_range 1 (rms_norm_host, fused_add_rms_norm.h:295-299): the first K
+    of output written, any other row as it was; returns output."""
+    k = input.size(-1)
+    _flat(output)[:k].copy_(_rms(_flat(input)[:k], weight, eps))
     return output
 
 
-def fused_add_rms_norm(hidden_states, residual, weight, eps):
-    """residual += hidden_states; hidden_states = rmsnorm(residual) * weight
-    (the caller's w + 1); both in place; returns hidden_states."""
+def fused_add_rms_norm_batched(hidden_states, residual, weight, eps):
+    """Each row: residual += hidden_states; hidden_states = rmsnorm(residual)
+    * weight (the caller's w + 1); both in place; returns hidden_states
+    (fused_add_rms_norm_batched_host: rows = hidden_states.size(0))."""
     residual.copy_(residual.float() + hidden_states.float())
     hidden_states.copy_(_rms(residual, weight, eps))
+    return hidden_states
+
+
+def fused_add_rms_norm(hidden_states, residual, weight, eps):
+    """fused_add_rms_norm_batched of one row: K = hidden_states.size(-1),
+    nd_range 1 (fused_add_rms_norm_v2_host, fused_add_rms_norm.h:221-233):
+    any other row as it was; returns hidden_states."""
+    k = hidden_states.size(-1)
+    fused_add_rms_norm_batched(
+        _flat(hidden_states)[:k], _flat(residual)[:k], weight, eps
+    )
     return hidden_states
 
 
@@ -623,7 +638,7 @@ REFERENCES: dict[str, Callable] = {
     "esimd_gemv_fp8_pert": gemv_fp8_pert,
     "esimd_rms_norm": rms_norm,
     "esimd_fused_add_rms_norm": fused_add_rms_norm,
-    "esimd_fused_add_rms_norm_batched": fused_add_rms_norm,
+    "esimd_fused_add_rms_norm_batched": fused_add_rms_norm_batched,
     "esimd_fused_scaled_add_rms_norm": fused_scaled_add_rms_norm,
     "esimd_gemm_int4_pgrp": gemm_int4_pgrp,
     "esimd_gemv_fp16": gemv_fp16,
