@@ -23,15 +23,16 @@ vLLM 0.10.2's llm-scaler patch passes it `experts_start_id`, `is_int4`,
 `is_mxfp4`, which 2.8.10 lacks and 2.9.10 has (intel/intel-extension-for-
 pytorch 7259fd8, tag v2.9.10+xpu, the first tag with all three; its MoE
 files are those of 3484cc0, the commit that brought the last), so the
-sources read are 2.9.10's. What 2.8.10 (09505bb) does differently, none
-of which a forward with distinct probabilities sees: its router takes
-the top_k of the logits before the softmax (MoeOps.cpp@09505bb:105-135).
-Not read anywhere: whether the post0 wheel on an XPU without XMX or with
-IPEX_MOE_GEMM_NATIVE=1 runs the native loop (an fp8 weight without
-`is_fp8`, which vLLM 0.10.2 never passes, meets torch.mm there), and the
-persistent GEMM's `n_experts % 8 == 0` check (moe_gemm.cpp@7259fd8:212),
-which the catalog's 4-expert models would fail on the device; the stand-in
-computes what the persistent GEMM computes and refuses neither.
+sources read are 2.9.10's. What 2.8.10 (09505bb) does differently, which
+no forward whose probabilities are distinct sees: its router takes the
+top_k of the logits, then their softmax (MoeOps.cpp@09505bb:106-166).
+Which GEMM the post0 wheel runs is not known. 2.9.10's persistent GEMM (an
+XPU with XMX) checks `n_experts % 8 == 0` (moe_gemm.cpp@7259fd8:212),
+which the catalog's tiny 4-expert models would fail on the device (the
+real ones have 128 experts); its native loop (IPEX_MOE_GEMM_NATIVE=1, or no
+XMX) would give fp8 weights to torch.mm, vLLM 0.10.2 passing no `is_fp8`.
+The stand-in computes what the persistent GEMM computes, and refuses
+neither.
 
 What no catalog model reaches raises NoCPUReference, naming it: int4 and
 mxfp4 experts (their marlin shuffle), biases, a separate W3, expert
@@ -48,23 +49,23 @@ from xpufakes.proof.xpu.uncomputed import NoCPUReference
 # v2.9.10+xpu, unless another commit is named)
 SOURCES = {
     "constructor and forward": "intel_extension_for_pytorch/llm/modules/"
-    "linear_fusion.py:403-535 (the XPU module made at the first forward, "
-    ":520-521 -> init_on_device :486)",
+    "linear_fusion.py:403-536 (the XPU module made at the first forward, "
+    ":521-522 -> init_on_device :486)",
     "prepack": "intel_extension_for_pytorch/transformers/models/xpu/fusions/"
-    "linear_fusion.py:96-166 (W13 [E, 2I, H] -> [E, H, 2I], W2 [E, H, I] -> "
-    "[E, I, H], contiguous :126-137; the parameters' data replaced :161-165)",
+    "linear_fusion.py:96 (W13 [E, 2I, H] -> [E, H, 2I], W2 [E, H, I] -> "
+    "[E, I, H], contiguous :126-132; the parameters' data replaced :161-165)",
     "router": "fusions/linear_fusion.py:300-317 (topk_softmax, renormalize "
-    "False: the gather renormalizes); csrc/gpu/aten/operators/MoeOps.cpp: "
-    "softmax in fp32 :22-94, :359-400, the top_k the larger first, the lower "
-    "expert where equal :150-169, :420-444",
+    "False: the gather renormalizes; grouped top-k :319-330); "
+    "csrc/gpu/aten/operators/MoeOps.cpp: softmax in fp32 :22-98, :377-395, "
+    "the top_k the larger first, the lower expert where equal :169, :440",
     "experts": "fusions/linear_fusion.py:210-265 (moe_gemm, silu_and_mul, "
-    "moe_gemm); intel_extension_for_pytorch/xpu/intrinsic/__init__.py:412-495 "
-    "(matrix_a_scale_inv refused :442; the persistent GEMM :482); "
-    "csrc/gpu/aten/operators/transformers/moe_gemm.cpp:188-306 (fp8 where a "
+    "moe_gemm); intel_extension_for_pytorch/xpu/intrinsic/__init__.py:412-533 "
+    "(matrix_a_scale_inv refused :442; the persistent GEMM :482-488); "
+    "csrc/gpu/aten/operators/transformers/moe_gemm.cpp:188-310 (fp8 where a "
     "scale is given :223, one fp32 scale per expert :243)",
-    "activation": "csrc/gpu/aten/operators/TripleOps.cpp:58-61 (silu(a) * b "
+    "activation": "csrc/gpu/aten/operators/TripleOps.cpp:58-62 (silu(a) * b "
     "in the accumulate type, fp32 for 16-bit, rounded once)",
-    "gather": "fusions/linear_fusion.py:357-366; MoeOps.cpp:1509-1630 "
+    "gather": "fusions/linear_fusion.py:357-366; MoeOps.cpp:1509-1631 "
     "(renormalize if the sum > 0 :1560-1571, fp32 sum :1607, rounded :1614; "
     "top_k 1, 2, 4, 6, 8 :1824-1830; hidden a multiple of 16 bytes / element "
     "and at most 256 experts :1772-1777; a new [tokens, hidden] :2189)",
@@ -223,7 +224,7 @@ class GatedMLPMOE(torch.nn.Module):
         e_score_correction_bias=None,
     ) -> torch.Tensor:
         # scoring_func and e_score_correction_bias: read by grouped top-k
-        # only (fusions/linear_fusion.py@7259fd8:319-331)
+        # only (fusions/linear_fusion.py@7259fd8:319-330)
         self._form()
         if custom_routing_function is not None:
             _refused("a custom routing function")
