@@ -20,6 +20,9 @@ the tree's fake returns a new tensor, as the image's does):
 The MoE path as the b18beee image builds it (proof/xpu/xpu_moe.py): the
 router and the experts' CPU references against the MoE written out token
 by token; a router that does not renormalize, or a wrong expert, fails it.
+IPEX's MoE module as the IPEX-era trees make it (proof/xpu/ipex_moe.py),
+16-bit and fp8, against the same written-out MoE; gate and up swapped, no
+renormalization, the fp8 scales dropped or another expert's, fail it.
 
 On the real intel/llm-scaler b18beee tree (XPUFAKES_LLM_SCALER; opt-in, CI
 has none): the MoE entries compiled = eager at 2048 and 2 tokens (1 token:
@@ -369,23 +372,28 @@ def test_a_compiled_run_that_raises_fails_its_cell(monkeypatch, tmp_path):
 def test_a_run_that_reaches_a_stand_in_without_a_reference_fails_said_so(
     monkeypatch, tmp_path
 ):
-    """IPEX's MoE module on the IPEX-era trees is a stand-in that computes
-    nothing (proof/xpu/ipex.py _XPUOnly: made, never run): a run that
-    reaches it, compiled or eager, compares nothing. That is the proof's
-    limit, not the tree's: each cell fails, saying it was not computed
-    here and why, and no listed limit excuses it (the stand-in's frame)."""
+    """IPEX's MoE module with int4 experts (sym_int4's, GPTQ's) is a
+    stand-in that computes nothing (proof/xpu/ipex_moe.py: made, refused
+    when run): a run that reaches it, compiled or eager, compares nothing.
+    That is the proof's limit, not the tree's: each cell fails, saying it
+    was not computed here and why, and no listed limit excuses it (the
+    stand-in's frame)."""
+    import torch
+
     from xpufakes.proof.model import limits
-    from xpufakes.proof.xpu import ipex
+    from xpufakes.proof.xpu.ipex_moe import GatedMLPMOE
 
-    class GatedMLPMOE(ipex._XPUOnly):
-        pass
-
+    int4 = GatedMLPMOE(torch.zeros(4, 8, 64), torch.zeros(4, 64, 4), is_int4=True)
+    x, logits = torch.zeros(2, 64), torch.zeros(2, 4)
     try:
-        tree_module(tmp_path).forward(GatedMLPMOE())
+        tree_module(tmp_path).forward(int4, x, False, 2, logits, True)
     except RuntimeError as e:
         moe = e
     got = run_cells(monkeypatch, tmp_path, moe, dict.fromkeys(numbers.BACKENDS, moe))
-    said = "GatedMLPMOE is an XPU-only IPEX stand-in"
+    said = (
+        "GatedMLPMOE (IPEX's MoE) with int4 or mxfp4 experts (is_int4, is_mxfp4): "
+        "no CPU reference (no catalog model reaches it); proof/xpu/ipex_moe.py"
+    )
     for c in got:
         assert c["result"] == numbers.RAISED, c
         assert c["not_computed"] == said, c
@@ -400,7 +408,7 @@ def test_a_run_that_reaches_a_stand_in_without_a_reference_fails_said_so(
     [judged] = limits.classify([found], "0.14.1", {}, [listed])
     assert model_report.failing(judged)
     assert (
-        "proof/xpu/ipex.py"
+        "proof/xpu/ipex_moe.py"
         in judged["configurations"][0]["numbers"]["cells"][0]["not_excused"]
     )
 
@@ -610,18 +618,19 @@ def moe_written_out(x, logits, w1, w3, w2, top_k: int, renormalize: bool):
     """Each token's MoE, token by token: the softmax of its router logits,
     its top-k experts (their softmax values, divided by their sum where
     renormalized), the sum of each chosen expert's silu(x W1^T) * (x W3^T)
-    W2^T times its weight (fp32; dequantized weights [out, in])."""
+    W2^T times its weight (float64; dequantized weights [out, in])."""
     import torch
 
-    out = torch.zeros(x.shape, dtype=torch.float32)
+    out = torch.zeros(x.shape, dtype=torch.float64)
     for t in range(x.size(0)):
-        p = torch.softmax(logits[t].float(), -1)
+        p = torch.softmax(logits[t].double(), -1)
         ids = sorted(range(p.numel()), key=lambda e: -float(p[e]))[:top_k]
         total = sum(float(p[e]) for e in ids) if renormalize else 1.0
         for e in ids:
-            row = x[t].float()
-            act = torch.nn.functional.silu(w1[e] @ row) * (w3[e] @ row)
-            out[t] += float(p[e]) / total * (w2[e] @ act)
+            row = x[t].double()
+            gate, up = w1[e].double() @ row, w3[e].double() @ row
+            act = gate * torch.sigmoid(gate) * up
+            out[t] += float(p[e]) / total * (w2[e].double() @ act)
     return out
 
 
@@ -714,6 +723,152 @@ def test_the_moe_stand_ins_are_for_the_image_that_builds_them():
     assert "rows_per_expert" in entry["ops"]["_moe_C::remap_hidden_states"]
     assert xpu_moe.image_entry("b18beee", releases.newest()) == {}
     assert xpu_moe.image_entry(None, "0.21.0") == {}
+
+
+# --- IPEX's MoE module (the IPEX-era trees' experts: proof/xpu/ipex_moe.py)
+
+
+def ipex_moe_case(fp8: bool):
+    """(x, logits, w13 [E, 2I, H], w2 [E, H, I], scales or (None, None),
+    dequantized w13, w2): the weights as vLLM holds them."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    tokens, hidden, inter, experts = 6, 64, 32, 4
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    logits = torch.randn(tokens, experts, generator=g).to(torch.bfloat16)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.3
+    w2 = torch.randn(experts, hidden, inter, generator=g) * 0.3
+    if not fp8:
+        w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
+        return x, logits, w13, w2, (None, None), w13.double(), w2.double()
+    w13, w2 = w13.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
+    s13 = torch.rand(experts, generator=g) + 0.5
+    s2 = torch.rand(experts, generator=g) + 0.5
+    deq13 = w13.double() * s13.double().view(-1, 1, 1)
+    deq2 = w2.double() * s2.double().view(-1, 1, 1)
+    return x, logits, w13, w2, (s13, s2), deq13, deq2
+
+
+def run_ipex_moe(case, renormalize: bool, top_k: int = 2, scales=None):
+    """IPEX's GatedMLPMOE stand-in as vLLM 0.10.2 makes it (layer.py:360,
+    ipex_quant.py:401: the layer's parameters, use_prepack,
+    experts_start_id) and calls it (hidden_states, use_grouped_topk,
+    top_k, router_logits, renormalize, topk_group, num_expert_group,
+    custom_routing_function=)."""
+    import torch
+
+    from xpufakes.proof.xpu.ipex_moe import GatedMLPMOE
+
+    x, logits, w13, w2, given, _, _ = case
+    s13, s2 = scales or given
+    p13 = torch.nn.Parameter(w13.clone(), requires_grad=False)
+    p2 = torch.nn.Parameter(w2.clone(), requires_grad=False)
+    moe = GatedMLPMOE(
+        p13, p2, w1_scale_inv=s13, w2_scale_inv=s2, a1_scale_inv=None,
+        a2_scale_inv=None, use_prepack=True, experts_start_id=0,
+    )  # fmt: skip
+    return moe, moe(x, False, top_k, logits, renormalize, None, None,
+                    custom_routing_function=None)  # fmt: skip
+
+
+def test_the_ipex_moe_reference_computes_each_tokens_experts(monkeypatch):
+    """IPEX's GatedMLPMOE stand-in, 16-bit and online fp8 (one scale per
+    expert), renormalized or not, against the MoE written out token by
+    token in float64 (moe_written_out: gate the first half of W13, up the
+    second). What IPEX does besides: the output a new bf16 [tokens,
+    hidden], nothing given written but the parameters, whose data the
+    first forward replaces with the prepacked (transposed) weights, and a
+    second forward the same. Negative controls, each failing the
+    comparison: gate and up swapped, no renormalization, the scales
+    dropped, each expert given the next one's scale. Costs well under 1 s."""
+    import torch
+
+    from xpufakes.proof.xpu import ipex_moe
+
+    def off(got, expected) -> float:
+        """The largest difference, relative to the largest expected value."""
+        return float((got.double() - expected).abs().max() / expected.abs().max())
+
+    silu_and_mul, gemm = ipex_moe._silu_and_mul, ipex_moe._gemm
+    inter = 32
+    for fp8 in (False, True):
+        case = ipex_moe_case(fp8)
+        x, logits, w13, w2, scales, deq13, deq2 = case
+        before = (x.clone(), logits.clone())
+        for renormalize in (True, False):
+            expected = moe_written_out(
+                x, logits, deq13[:, :inter], deq13[:, inter:], deq2, 2, renormalize
+            )
+            moe, got = run_ipex_moe(case, renormalize)
+            assert got.dtype == torch.bfloat16 and got.shape == x.shape
+            assert off(got, expected) <= 0.02, (fp8, renormalize)
+            # the controls that the comparison can fail: no renormalization
+            _, other = run_ipex_moe(case, not renormalize)
+            assert off(other, expected) > 0.1, (fp8, renormalize)
+            # the prepack: the parameters' data replaced, transposed; again
+            assert moe.W13.shape == (4, 64, 2 * inter) and moe.W13.is_contiguous()
+            assert torch.equal(moe.W13.float(), w13.transpose(1, 2).float())
+            assert torch.equal(moe.W2.float(), w2.transpose(1, 2).float())
+            assert torch.equal(moe(x, False, 2, logits, renormalize), got)
+        assert torch.equal(before[0], x) and torch.equal(before[1], logits)
+        expected = moe_written_out(
+            x, logits, deq13[:, :inter], deq13[:, inter:], deq2, 2, True
+        )
+
+        # gate and up swapped
+        def swapped(t):
+            return silu_and_mul(torch.cat(t.chunk(2, -1)[::-1], -1))
+
+        with monkeypatch.context() as m:
+            m.setattr(ipex_moe, "_silu_and_mul", swapped)
+            assert off(run_ipex_moe(case, True)[1], expected) > 0.1, fp8
+    # fp8: the scales dropped; each expert given the next one's scale
+    case = ipex_moe_case(True)
+    x, logits, w13, w2, (s13, s2), deq13, deq2 = case
+    expected = moe_written_out(
+        x, logits, deq13[:, :inter], deq13[:, inter:], deq2, 2, True
+    )
+    with monkeypatch.context() as m:
+        m.setattr(ipex_moe, "_gemm", lambda a, b, scale: gemm(a, b, None))
+        assert off(run_ipex_moe(case, True)[1], expected) > 0.1
+    rolled = (s13.roll(1), s2.roll(1))
+    assert off(run_ipex_moe(case, True, scales=rolled)[1], expected) > 0.1
+
+
+def test_the_ipex_moe_stand_in_refuses_what_it_does_not_compute():
+    """What no catalog model reaches raises NoCPUReference naming it (the
+    numbers say "not computed here"); what IPEX refuses raises as IPEX
+    does."""
+    import torch
+
+    from xpufakes.proof.xpu.ipex_moe import GatedMLPMOE
+    from xpufakes.proof.xpu.uncomputed import NoCPUReference
+
+    x, logits, w13, w2, _, _, _ = ipex_moe_case(False)
+
+    def call(moe, **kw):
+        args = {"use_grouped_topk": False, "top_k": 2, "renormalize": True} | kw
+        return moe(x, args.pop("use_grouped_topk"), args.pop("top_k"), logits,
+                   args.pop("renormalize"), **args)  # fmt: skip
+
+    refused = {
+        "int4 or mxfp4": GatedMLPMOE(w13, w2, is_int4=True),
+        "biases": GatedMLPMOE(w13, w2, w13_bias=torch.zeros(4, 64)),
+        "expert parallelism": GatedMLPMOE(w13, w2, experts_start_id=4),
+    }
+    for what, moe in refused.items():
+        with pytest.raises(NoCPUReference, match=what):
+            call(moe)
+    plain = GatedMLPMOE(w13.clone(), w2.clone())
+    with pytest.raises(NoCPUReference, match="grouped top-k"):
+        call(plain, use_grouped_topk=True, topk_group=1, num_expert_group=1)
+    with pytest.raises(NoCPUReference, match="custom routing function"):
+        call(plain, custom_routing_function=lambda **kw: None)
+    with pytest.raises(RuntimeError, match="not support topk"):
+        call(plain, top_k=3)
+    with pytest.raises(AssertionError, match="matrix_a_scale_inv"):
+        call(GatedMLPMOE(w13, w2, a1_scale_inv=torch.ones(4)))
 
 
 MOE_MODELS = ["qwen3_vl_moe", "qwen3_moe", "mixtral_fp8"]

@@ -27,7 +27,8 @@ tokens (a profile run's).
 
 What is stood in (proof/xpu, environment.py): what only an XPU host has. IPEX
 (its Python APIs call torch_ipex ops registered for the XPU key only; its
-MoE and attention modules are made, never run); the torch_ipex GEMMs with
+MoE module computes on the CPU, 16-bit and fp8 experts: ipex_moe.py; its
+attention module is made, never run); the torch_ipex GEMMs with
 CPU reference kernels and no fake (IPEX's XPU build has none: the tree's
 fakes are what is tested); IPEX's weight-quantization op with a CPU kernel
 (it runs while loading, not traced); what processes int4 weights while

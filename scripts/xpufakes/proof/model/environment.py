@@ -62,6 +62,9 @@ def setup(tree: Path, standins: str, esimd_truthful: bool = False) -> list:
     kernels = reference.reference()
     kept.append(kernels.define_torch_ipex_woq_kernels())
     ipex.install_ipex(woq_from_weight=kernels.ReferenceWOQLinear.from_weight)
+    if "intel-extension-for-pytorch" in standins:
+        # IPEX's MoE module, which the tree's MoE methods run (ipex_moe.py)
+        HELPERS.append("IPEX's GatedMLPMOE (ipex_moe.py: 16-bit and fp8 experts)")
     if features.sym_int4_library(tree):
         # intel/llm-scaler's sym_int4 quantizer, a ctypes library
         library = Path(tempfile.mkdtemp(prefix="xpufakes-q4_0-"))

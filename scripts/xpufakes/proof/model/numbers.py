@@ -457,7 +457,8 @@ def _failed(count: int, backend: str, kind: str, error: BaseException, tree) -> 
     few lines of it, and the frames it passed through: the tree's (`files`,
     `lines`) and ours outside it (`ours`); `not_computed` where the run
     reached a stand-in with no CPU reference (proof/xpu/uncomputed.py:
-    IPEX's MoE module, say), which no tree's limit excuses."""
+    IPEX's MoE module with int4 experts, say), which no tree's limit
+    excuses."""
     said = {
         "tokens": count,
         "backend": backend,

@@ -13,6 +13,9 @@ host, stood in.
   CompositeImplicitAutograd kernels: no fake can be registered for them, and
   traced, their body reads the tensors' memory, which fake tensors do not
   have (IPEX `csrc/gpu/aten/operators/RMSNormVllm.cpp@v2.10.10+xpu`).
+* IPEX's MoE module (`llm.modules.GatedMLPMOE`), which vLLM runs inside its
+  own opaque `vllm::moe_forward`, computes its math (ipex_moe.py); its
+  attention module is made, never run.
 
 The schemas are IPEX's as it infers them from the C++ signatures: overload
 "xpu", arguments `_0` ... `_n`, no alias annotations (docs/ipex-woq-ops.md
@@ -29,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from xpufakes.proof.xpu import defining
+from xpufakes.proof.xpu import defining, ipex_moe
 from xpufakes.proof.xpu.cpu_kernels import (
     bgmv_expand_with_slice,
     bgmv_shrink,
@@ -242,8 +245,8 @@ def _functional() -> dict[str, Callable]:
 
 class _XPUOnly:
     """An IPEX module or API that runs only XPU kernels and that vLLM calls
-    only inside its own opaque ops (attention, MoE) or while loading: made
-    freely, never run here."""
+    only inside its own opaque ops (attention) or while loading: made
+    freely, never run here. (IPEX's MoE module computes: ipex_moe.py.)"""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -304,7 +307,7 @@ def install_ipex(woq_from_weight: Callable | None = None) -> types.ModuleType:
     modules = module(
         "intel_extension_for_pytorch.llm.modules",
         PagedAttention=_XPUOnly(),
-        GatedMLPMOE=type("GatedMLPMOE", (_XPUOnly,), {}),
+        GatedMLPMOE=ipex_moe.GatedMLPMOE,
     )
     llm = module(
         "intel_extension_for_pytorch.llm",

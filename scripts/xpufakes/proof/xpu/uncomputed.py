@@ -1,11 +1,11 @@
 """What a stand-in raises where it computes nothing: an XPU-only module or
 kernel the proof has no CPU reference for (made freely, never run here:
-IPEX's MoE and attention modules, vllm-xpu-kernels' functions the tree
-calls inside its own opaque ops, an ESIMD op without a reference, a native
-function). A subclass of NotImplementedError (so of RuntimeError), caught
-where those are. The numbers (proof/model/numbers.py) say a run that
-reached one was not computed here: the proof's limit, a failure, said so,
-never the tree's."""
+IPEX's attention module and its MoE module's int4 / mxfp4 experts,
+vllm-xpu-kernels' functions the tree calls inside its own opaque ops, an
+ESIMD op without a reference, a native function). A subclass of
+NotImplementedError (so of RuntimeError), caught where those are. The
+numbers (proof/model/numbers.py) say a run that reached one was not
+computed here: the proof's limit, a failure, said so, never the tree's."""
 
 
 class NoCPUReference(NotImplementedError):
