@@ -197,6 +197,49 @@ def test_llm_scaler_tree_whole_model(commit, tmp_path, record_property):
         assert PYBIND11.format("rotary_embedding") in default["message"], default
 
 
+REPORT_MODELS = ("qwen3_vl_moe", "qwen2_5_vl_fp8")
+REPORT_COUNTS = (1, 2, 16, 64)
+
+
+def test_the_reports_models_in_numbers_on_its_tree(tmp_path):
+    """Issue 51: on the report's tree (b5571c3, transformers 4.57.0) after
+    `make apply`, its model (qwen3_vl_moe: IPEX's GatedMLPMOE computes on
+    the CPU, proof/xpu/ipex_moe.py) and the MRoPE one (qwen2_5_vl_fp8)
+    have numbers in every cell of both configurations at 1, 2, 16 and 64
+    tokens, compiled = eager, aot_eager and Inductor: `make audit MODEL=`
+    exits 0. (qwen2_5_vl_fp8 once differed at 2, 16 and 64 tokens by
+    0.049-0.054: every cell after the first ran the first one's code,
+    compiled at one token, from vLLM 0.10.2's compile wrapper's list,
+    numbers.py's restore by object, f5b32c1; test_model_numbers.py's
+    test_each_compiled_run_starts_from_the_modules_state_before_it fails on
+    that restore.) ~5 min."""
+    transformers = image_transformers("b5571c3")
+    tree = rebuild("b5571c3", tmp_path / "b5571c3")
+    applied = tool.run("apply", str(tree), "--no-proof")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    counts = ",".join(map(str, REPORT_COUNTS))
+    done = subprocess.run(
+        [str(TREE_PYTHON), "-m", "xpufakes", "audit", str(tree), "--json"]
+        + ["--model", ",".join(REPORT_MODELS), "--numbers", counts]
+        + ["--transformers", transformers],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=dict(os.environ, PYTHONPATH=str(tool.SCRIPTS)),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    models = json.loads(done.stdout)["models"]
+    assert [m["model"] for m in models] == list(REPORT_MODELS)
+    for model in models:
+        for c in model["configurations"]:
+            assert c["result"] == "traced", (model["model"], c["configuration"], c)
+            cells = c["numbers"]["cells"]
+            got = {(n["tokens"], n["backend"]): n["result"] for n in cells}
+            want = {(t, b) for t in REPORT_COUNTS for b in ("aot_eager", "inductor")}
+            assert set(got) == want, (model["model"], c["configuration"], got)
+            assert set(got.values()) == {"equal"}, (model["model"], got)
+
+
 # The whole catalog (`make audit VLLM=<tree> MODEL=all`), built with the
 # transformers release the image pins (its vllm/docker/Dockerfile at that
 # commit: 4.57.0 for the 0.10.2-based images, which cannot read some configs
