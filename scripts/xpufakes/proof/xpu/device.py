@@ -17,6 +17,13 @@ XPU_DEVICE: dict[str, bool] = {
 # torch.xpu.get_device_properties().max_compute_units of an Arc B580
 # (20 Xe2 cores x 8 vector engines)
 XPU_COMPUTE_UNITS = 160
+# torch.xpu.current_device() of a host with one XPU: its index
+XPU_DEVICE_INDEX = 0
+
+
+def current_device() -> int:
+    """torch.xpu.current_device(), as on a host with one XPU."""
+    return XPU_DEVICE_INDEX
 
 
 class XPUOnCPU(torch.overrides.TorchFunctionMode):
@@ -41,6 +48,12 @@ class XPUOnCPU(torch.overrides.TorchFunctionMode):
             return args[0]
         args = tuple(self._cpu(a) for a in args)
         kwargs = {k: self._cpu(v) for k, v in kwargs.items()}
+        if isinstance(kwargs.get("device"), int) and not isinstance(
+            kwargs["device"], bool
+        ):
+            # a device index names the accelerator (the XPU: what
+            # current_device() answers, above)
+            kwargs["device"] = "cpu"
         return func(*args, **kwargs)
 
 
@@ -67,3 +80,4 @@ def xpu_kernels_run_on_cpu() -> None:
 
     torch.library.Library.impl = impl
     _XPU_ALSO_CPU.append(original)
+
