@@ -1,6 +1,6 @@
 """The catalog's entries for intel/llm-scaler's image 0.21.0-b3.1
-(data/models.toml: qwen3_next_fp8, gemma4_fp8, gemma4_moe_fp8, gpt_oss_mxfp4;
-applies_to
+(data/models.toml: qwen3_next_fp8, qwen3_next_fp8_fused_moe_off, gemma4_fp8,
+gemma4_moe_fp8, gpt_oss_mxfp4; applies_to
 its esimd_utils, so the other catalog trees run none of them) on the image's
 own tree (support/images.py rebuilds it from ../shared/reference/images;
 skipped without it, failing under CI), as it is and after `make apply`: each
@@ -19,6 +19,11 @@ What the image would do, cell by cell (docs/traced-path.md):
   the negative control of the patched stage), after apply at the fused MoE
   kernel moe_ops::moe_forward_full, which has no fake in either (a gap of
   the fix, said and not excused).
+* Qwen3-Next with the image's fused MoE kernel off (DISABLE_ESIMD_MOE=1,
+  the image's switch): at one token the compiled run raises unpatched at
+  esimd_gemv_fp8_pert_fused2 (no fake), and after apply compiled = eager
+  through the image's other decode ops (the GDN layer's fused GEMV and
+  norms, the fused QKV split + norm + RoPE: CPU references).
 * Gemma 4 dense traces whole on both stages; at one token, unpatched, its
   compiled forward differs from eager (NaN: the image's ESIMD decode ops
   whose schemas hide their writes, dropped by functionalization); after
@@ -31,8 +36,9 @@ What the image would do, cell by cell (docs/traced-path.md):
   here (fused_moe_standin.py), so its numbers are not computed: a failure,
   the proof's limit.
 
-Cost: two model processes, about 50-70 s each on 2 shared cores, once the
-tree and transformers 5.8.0 are in the cache."""
+Cost: four model processes (a stage's entries together, the one with
+own_process alone): 169 s on 2 cores (load ~1.4), the tree and
+transformers 5.8.0 cached."""
 
 from pathlib import Path
 
@@ -94,9 +100,29 @@ def _one_token(cell: dict) -> list[dict]:
     return numbers
 
 
+def test_an_own_process_entry_runs_alone_where_it_may_apply(tmp_path):
+    """runner.processes: qwen3_next_fp8_fused_moe_off (own_process: the
+    image's esimd_utils.py reads DISABLE_ESIMD_MOE once, at import) gets a
+    process of its own with its environment from the start, on a tree that
+    has that module; on one without it (the catalog's other trees: the
+    negative control) it stays with the others, costing no process."""
+    chosen = ["qwen3_next_fp8", "qwen3_next_fp8_fused_moe_off", "gemma4_fp8"]
+    without = tmp_path / "without"
+    (without / "vllm" / "model_executor" / "layers").mkdir(parents=True)
+    assert runner.processes(without, chosen) == [(chosen, {})]
+    image = tmp_path / "image"
+    (image / "vllm" / "model_executor" / "layers").mkdir(parents=True)
+    (image / "vllm" / "model_executor" / "layers" / "esimd_utils.py").write_text("")
+    assert runner.processes(image, chosen) == [
+        (["qwen3_next_fp8", "gemma4_fp8"], {}),
+        (["qwen3_next_fp8_fused_moe_off"], {"DISABLE_ESIMD_MOE": "1"}),
+    ]
+
+
 def test_the_entries_are_the_images():
     assert B31_ENTRIES == [
         "qwen3_next_fp8",
+        "qwen3_next_fp8_fused_moe_off",
         "gemma4_fp8",
         "gemma4_moe_fp8",
         "gpt_oss_mxfp4",
@@ -123,6 +149,21 @@ def test_qwen3_next_traces_whole_and_its_decode_meets_ops_without_fakes(stages):
             assert at in said, (stage, run)
             if stage == "applied":
                 assert "esimd_gemv_fp8_pert_fused2" not in said, run
+
+
+def test_qwen3_next_without_the_fused_moe_agrees_after_apply(stages):
+    for stage, found in stages.items():
+        cell = found["qwen3_next_fp8_fused_moe_off"]
+        assert cell["result"] == "traced", (stage, cell)
+        assert (cell["graphs"], cell["graph_breaks"]) == (1, 0), (stage, cell)
+        for run in _one_token(cell):
+            if stage == "unpatched":
+                assert run["result"] == modelproof.NUMBERS_RAISED, (stage, run)
+                assert NO_FAKE in run["error"], run
+                assert "esimd_gemv_fp8_pert_fused2" in _said(run), run
+            else:
+                assert run["result"] == modelproof.NUMBERS_EQUAL, (stage, run)
+                assert run["difference"] <= 0.02 * run["largest"], run
 
 
 def test_gemma4_dense_decode_differs_before_apply_and_agrees_after(stages):

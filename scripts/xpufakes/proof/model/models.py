@@ -47,6 +47,10 @@ class Model:
     # the environment a user sets to run it (llm-scaler's README: DeepSeek-V2
     # with VLLM_MLA_DISABLE=1), set while it is built and run
     env: dict = field(default_factory=dict)
+    # its environment from the start of a process of its own (runner.py):
+    # for a setting the tree reads once, at import (llm-scaler's
+    # esimd_utils.py: its DISABLE_ESIMD_* switches)
+    own_process: bool = False
 
 
 def load() -> dict[str, Model]:
@@ -64,6 +68,7 @@ def load() -> dict[str, Model]:
             entry["config"],
             entry.get("applies_to", {}),
             entry.get("env", {}),
+            entry.get("own_process", False),
         )
         for name, entry in data.items()
     }
