@@ -97,6 +97,7 @@ SLOWEST_FIRST = (
     "test_tree_test.py",
     "test_trees.py",
     "test_model_catalog.py",
+    "test_model_catalog_b31.py",
     "test_ipex_woq.py",
     "test_fakes_by_release.py",
     "test_model_trace.py",

@@ -911,6 +911,103 @@ def test_resadd_norm_gemv_int4_pert(k):
 
 # --- the table --------------------------------------------------------------
 
+# Qwen3-Next's fused QKV split + q/k norm + RoPE (+ sigmoid gate) at decode:
+# 25095b4 csrc/xpu/esimd_kernels/qkv_split_norm_rope.h, head dim 256
+
+
+@pytest.mark.parametrize(
+    "gated, rotary", [(True, 64), (False, 64), (True, 256)], ids=str
+)
+def test_qkv_split_norm_rope(gated, rotary):
+    """Per token and 256-wide head of the packed projection: with the gate,
+    heads [Q0, G0, Q1, G1, K0, V0]; without, [Q0, Q1, K0, V0]. Q and K:
+    x * (w + 1) / sqrt(mean(x^2) + 1e-6), then rotated NeoX-style by the
+    cache row of the token's position ([cos | sin], rotary/2 each): rotary
+    64 turns the pairs (i, i + 32), i < 32, and leaves 64..255; rotary 256
+    turns (i, i + 128). G: sigmoid; V: copied. The op returns nothing.
+    Wrong math: GPT-J's pairs (2i, 2i + 1); the weight without + 1; the gate
+    heads read as [Q0, Q1, G0, G1]."""
+    tokens, q_heads, kv_heads, d, positions_max = 2, 2, 1, 256, 6
+    heads = (2 * q_heads if gated else q_heads) + 2 * kv_heads
+
+    def make():
+        return [
+            _half(tokens, heads * d, seed=70),
+            torch.full((tokens, q_heads * d), -3.0, dtype=torch.float16),
+            torch.full((tokens, q_heads * d), -3.0, dtype=torch.float16),
+            torch.full((tokens, kv_heads * d), -3.0, dtype=torch.float16),
+            torch.full((tokens, kv_heads * d), -3.0, dtype=torch.float16),
+            _half(d, seed=71, scale=0.2),
+            _half(d, seed=72, scale=0.2),
+            torch.tensor([4, 1], dtype=torch.int32),
+            q_heads,
+            kv_heads,
+            gated,
+            rotary,
+            _half(positions_max, rotary, seed=73, low=-1.0, scale=2.0),
+        ]
+
+    def expect(args, pairs="neox", plus_one=True, gate_last=False):
+        qkv, wq, wk = _rows(args[0]), _rows(args[5]), _rows(args[6])
+        cache, position = _rows(args[12]), args[7].tolist()
+        out = {1: args[1].double().clone(), 3: args[3].double().clone()}
+        out[4] = args[4].double().clone()
+        if gated:
+            out[2] = args[2].double().clone()
+
+        def normed(x, w):
+            inv = _rms_inv(x, d, 1e-6)
+            return [
+                a * inv * (b + 1.0 if plus_one else b)
+                for a, b in zip(x, w, strict=True)
+            ]
+
+        def rotated(x, row):
+            half = rotary // 2
+            cos, sin = cache[row][:half], cache[row][half:]
+            y = list(x)
+            for i in range(half):
+                if pairs == "neox":
+                    a, b = i, i + half
+                else:
+                    a, b = 2 * i, 2 * i + 1
+                y[a] = x[a] * cos[i] - x[b] * sin[i]
+                y[b] = x[b] * cos[i] + x[a] * sin[i]
+            return y
+
+        for t in range(tokens):
+            head = [qkv[t][h * d : (h + 1) * d] for h in range(heads)]
+            if gated and not gate_last:
+                q_in = [head[2 * i] for i in range(q_heads)]
+                g_in = [head[2 * i + 1] for i in range(q_heads)]
+            elif gated:
+                q_in, g_in = head[:q_heads], head[q_heads : 2 * q_heads]
+            else:
+                q_in, g_in = head[:q_heads], []
+            rest = head[2 * q_heads :] if gated else head[q_heads:]
+            k_in, v_in = rest[:kv_heads], rest[kv_heads:]
+            for i, x in enumerate(q_in):
+                y = rotated(normed(x, wq), position[t])
+                out[1][t, i * d : (i + 1) * d] = torch.tensor(y, dtype=torch.float64)
+            for i, x in enumerate(g_in):
+                y = [1.0 / (1.0 + math.exp(-a)) for a in x]
+                out[2][t, i * d : (i + 1) * d] = torch.tensor(y, dtype=torch.float64)
+            for i, x in enumerate(k_in):
+                y = rotated(normed(x, wk), position[t])
+                out[3][t, i * d : (i + 1) * d] = torch.tensor(y, dtype=torch.float64)
+            for i, x in enumerate(v_in):
+                out[4][t, i * d : (i + 1) * d] = torch.tensor(x, dtype=torch.float64)
+        return out
+
+    wrong = [
+        lambda args: expect(args, pairs="gptj"),
+        lambda args: expect(args, plus_one=False),
+    ]
+    if gated:
+        wrong.append(lambda args: expect(args, gate_last=True))
+    assert_checked(kernels.qkv_split_norm_rope, make, expect, None, wrong)
+
+
 NEW = {
     "esimd_fused_scaled_add_rms_norm",
     "esimd_gemm_int4_pgrp",

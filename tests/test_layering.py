@@ -53,6 +53,7 @@ LAYERS = {
     "proof.xpu": [
         "uncomputed",
         "cpu_kernels builtin device quantize_convert_standin esimd_kernels defining",
+        "gdn_core",
         "moe_kernels fused_moe_standin image_kernels ipex_moe",
         "ipex extensions xpu_kernels loading_ops packages sym_int4 reference xpu_moe",
         "registering esimd",

@@ -59,6 +59,12 @@ TREES = (B6, IPEX, NEWEST)
 # block-fp8 checkpoints: for the vllm-xpu-kernels era only (models.toml
 # applies_to; the IPEX era's fp8 method has no block-fp8 path)
 BLOCK_FP8 = ("qwen3_fp8_block", "deepseek_v2_fp8_block")
+# the entries for intel/llm-scaler's image trees only (applies_to a module
+# these trees do not have: llm-scaler 0.21.0-b3.1's Qwen3-Next, Gemma 4 and
+# gpt-oss; tests/test_model_catalog_b31.py runs them there)
+IMAGE_ONLY = tuple(
+    name for name, entry in models.load().items() if "module" in entry.applies_to
+)
 
 
 def run(name: str, stage: str, root: Path) -> dict[str, dict[str, dict]]:
@@ -126,9 +132,9 @@ def test_unpatched_the_ipex_era_fails_at_an_xpu_call(traced):
         assert cell["result"] == "failed", (model, configuration, cell)
         assert catalog.word(cell).startswith("fails at `"), cell
         ran += 1
-    # every model but MLA (the tree's limit), sym_int4 and block fp8 (not
-    # for it)
-    assert ran == 2 * (len(ALL) - 2 - len(BLOCK_FP8)), ran
+    # every model but MLA (the tree's limit), sym_int4, block fp8 and the
+    # image trees' entries (not for it)
+    assert ran == 2 * (len(ALL) - 2 - len(BLOCK_FP8) - len(IMAGE_ONLY)), ran
 
 
 def test_patched_every_model_traces_whole(traced):
@@ -148,6 +154,10 @@ def test_the_trees_limits_and_the_entries_for_other_trees(traced):
         sym_int4 = found["qwen3_sym_int4"]["default"]
         assert sym_int4["result"] == modelproof.NOT_FOR_THIS_TREE, sym_int4
         mla = found["deepseek_v2_fp8"]["default"]
+        for model in IMAGE_ONLY:
+            for cell in found[model].values():
+                assert cell["result"] == modelproof.NOT_FOR_THIS_TREE, (model, cell)
+                assert "vllm.model_executor.layers.esimd_utils" in cell["error"], cell
         if name == NEWEST:
             continue
         for model in BLOCK_FP8:
@@ -158,10 +168,12 @@ def test_the_trees_limits_and_the_entries_for_other_trees(traced):
     if name == NEWEST:
         for stage in ("unpatched", "patched"):
             for model, configuration, cell in cells(stages[stage]):
-                if configuration == "sp" and model != "qwen3_sym_int4":
+                if model == "qwen3_sym_int4" or model in IMAGE_ONLY:
+                    continue
+                if configuration == "sp":
                     assert cell["result"] == modelproof.TREE_LIMIT, (model, cell)
                     assert "enable_sp Unexpected keyword" in cell["error"], cell
-                elif model != "qwen3_sym_int4":
+                else:
                     assert cell["result"] == "traced", (model, cell)
 
 
@@ -175,7 +187,7 @@ def test_the_newest_pin_without_vllms_fakes_fails_at_each_gemm(traced):
     without = stages["without vLLM's GEMM fakes"]
     for model in ALL:
         cell = without[model]["default"]
-        if model == "qwen3_sym_int4":
+        if model == "qwen3_sym_int4" or model in IMAGE_ONLY:
             continue
         if model in BLOCK_FP8:
             assert cell["result"] == "traced", (model, cell)

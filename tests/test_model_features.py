@@ -134,3 +134,37 @@ def test_no_other_module_of_the_model_proof_looks_at_the_tree():
     assert {name: said for name, said in found.items() if said} == {}
     # the negative control: a module that reads envs.py itself is flagged
     assert _looks('envs = tree / "vllm/envs.py"') == ['"vllm/envs.py"']
+
+
+def test_the_current_device_where_the_model_code_asks_for_it(tmp_path):
+    """0.21.0's GatedDeltaNet makes its gated norm on
+    current_platform.current_device() (torch.xpu.current_device(), which a
+    torch without XPU refuses): found in the tree's model code; a tree
+    without the call (the negative control) has no such feature. The index
+    it answers names the XPU, which XPUOnCPU takes as the CPU; without it
+    this torch refuses a device index (the control)."""
+    import torch
+
+    from xpufakes.proof.xpu import device
+
+    bare = tmp_path / "bare"
+    (bare / "vllm" / "model_executor" / "layers").mkdir(parents=True)
+    (bare / "vllm" / "model_executor" / "layers" / "gdn.py").write_text(
+        "device = current_platform.device_type\n"
+    )
+    assert not features.current_device(bare)
+    assert features.MET == []
+    asking = tmp_path / "asking"
+    (asking / "vllm" / "model_executor" / "layers").mkdir(parents=True)
+    (asking / "vllm" / "model_executor" / "layers" / "gdn.py").write_text(
+        "norm = RMSNormGated(8, device=current_platform.current_device())\n"
+    )
+    assert features.current_device(asking)
+    assert features.MET == ["current device"]
+    index = device.current_device()
+    assert index == 0
+    with pytest.raises(RuntimeError):
+        torch.zeros(2, device=index)
+    with device.XPUOnCPU():
+        assert torch.zeros(2, device=index).device.type == "cpu"
+        assert torch.zeros(2, device="xpu").device.type == "cpu"

@@ -95,6 +95,12 @@ def not_for_this_tree(model: model_data.Model) -> str:
                 "(vllm/_xpu_ops.py); this one runs IPEX's, whose fp8 method "
                 "has no block-fp8 path"
             )
+    module = model.applies_to.get("module")
+    if module:
+        import importlib.util
+
+        if importlib.util.find_spec(module) is None:
+            return f"only for trees that have {module} (this one has none)"
     method = model.applies_to.get("quantization")
     if not method:
         return ""

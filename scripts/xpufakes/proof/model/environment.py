@@ -105,6 +105,11 @@ def setup(tree: Path, standins: str, esimd_truthful: bool = False) -> list:
             f"{vllm.platforms._current_platform}"
         )
     vllm.platforms._current_platform = XPUPlatform()
+    if features.current_device(tree):
+        # the device's index, as on a host with one XPU
+        import torch
+
+        torch.xpu.current_device = device.current_device
     if features.compute_units(XPUPlatform):
         # an Arc B580's, as device.XPU_DEVICE answers for it
         XPUPlatform.num_compute_units = classmethod(

@@ -40,6 +40,11 @@ FEATURES: dict[str, str] = {
     "their models read config.rope_theta, and fall back to 10000 without "
     "it; 0.13.0 reads rope_parameters); transformers 5 keeps it in "
     "rope_parameters only: it is set as an attribute",
+    "current device": "0.21.0's GatedDeltaNet (Qwen3-Next; llm-scaler "
+    "0.21.0-b3.1's too) makes its gated norm on "
+    "current_platform.current_device(), torch.xpu.current_device(): the "
+    "device's index, 0 (device.XPU_DEVICE_INDEX), which names the XPU where "
+    "a tensor is made (the CPU here: device.XPUOnCPU)",
     "layerwise online quantization": "0.21.0's online fp8 makes its weights on "
     "the meta device and quantizes each layer as its tensors arrive: a layer "
     "none arrive for is finished by vLLM's finalize_layerwise_processing, as "
@@ -52,6 +57,8 @@ Q40_LIBRARY = "VLLM_QUANTIZE_Q40_LIB"
 # The text 0.10.2's vllm/compilation/decorators.py calls Dynamo's
 # inline_call with (its replacement's torch 2.8 signature)
 INLINE_CALL_28 = "patched_inline_call(parent, func, args, kwargs)"
+# the call the tree makes for the XPU's index (features "current device")
+CURRENT_DEVICE = "current_platform.current_device()"
 # sequence parallelism's switch, newest name first
 SP_FIELDS = ("enable_sp", "enable_sequence_parallelism")
 
@@ -86,6 +93,15 @@ def sym_int4_library(tree: Path) -> bool:
 def xpu_kernels_at_start_up(tree: Path) -> bool:
     platform = _text(tree, "vllm/platforms/xpu.py")
     return "vllm_xpu_kernels" in platform and met("vllm_xpu_kernels at start-up")
+
+
+def current_device(tree: Path) -> bool:
+    """The tree's model code asks the platform for the current device
+    (torch.xpu.current_device(), which a torch without XPU refuses)."""
+    return any(
+        CURRENT_DEVICE in p.read_text(errors="replace")
+        for p in (tree / "vllm/model_executor").rglob("*.py")
+    ) and met("current device")
 
 
 def inline_call_of_torch_28(tree: Path) -> bool:

@@ -39,11 +39,18 @@ class Model:
     # the trees the entry is for: {"quantization": "<method>"} only those
     # whose vLLM knows that quantization method (llm-scaler's sym_int4);
     # {"kernels": "vllm-xpu-kernels"} only those of the vllm-xpu-kernels era
-    # (vllm/_xpu_ops.py: the IPEX era's fp8 has no block-fp8 path); {} all
+    # (vllm/_xpu_ops.py: the IPEX era's fp8 has no block-fp8 path);
+    # {"module": "<dotted name>"} only those whose vLLM has that module
+    # (vllm.model_executor.layers.esimd_utils: intel/llm-scaler's images of
+    # the kernels era, whose model code routes into its ESIMD ops); {} all
     applies_to: dict = field(default_factory=dict)
     # the environment a user sets to run it (llm-scaler's README: DeepSeek-V2
     # with VLLM_MLA_DISABLE=1), set while it is built and run
     env: dict = field(default_factory=dict)
+    # its environment from the start of a process of its own (runner.py):
+    # for a setting the tree reads once, at import (llm-scaler's
+    # esimd_utils.py: its DISABLE_ESIMD_* switches)
+    own_process: bool = False
 
 
 def load() -> dict[str, Model]:
@@ -61,6 +68,7 @@ def load() -> dict[str, Model]:
             entry["config"],
             entry.get("applies_to", {}),
             entry.get("env", {}),
+            entry.get("own_process", False),
         )
         for name, entry in data.items()
     }

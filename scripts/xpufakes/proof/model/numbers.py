@@ -42,7 +42,10 @@ and each attention layer's backend instead computes causal attention over
 the batch as one sequence (attention_that_computes), in float32, the same
 code eager and compiled (it runs inside vLLM's opaque attention op). So
 what a layer computes for the keys and values reaches the output, as it
-does in a real forward."""
+does in a real forward. A GatedDeltaNet layer's core (Qwen3-Next's linear
+attention, vLLM's `vllm::gdn_attention_core_xpu`, which writes nothing
+without metadata) computes the gated delta rule over the batch as one
+sequence the same way (gdn_that_computes, proof/xpu/gdn_core.py)."""
 
 import math
 import time
@@ -196,6 +199,61 @@ def attention_that_computes(built) -> int:
         impl.forward = forward
         count += 1
     return count
+
+
+# vLLM's op that runs a GatedDeltaNet layer's core on XPU (0.21.0's
+# vllm/_xpu_ops.py: it calls _xpu_C::gdn_attention with the attention
+# metadata, and writes nothing without)
+GDN_CORE_OP = "vllm::gdn_attention_core_xpu"
+
+
+def gdn_that_computes(built) -> int:
+    """Each GatedDeltaNet layer's core made to compute where the forward has
+    no attention metadata (the profile run's case, where vLLM's op writes
+    nothing: core_attn_out stays zero, z unwritten): the gated delta rule
+    over the batch as one sequence from its start (proof/xpu/gdn_core.py),
+    into the op's core_attn_out and z, the same code eager and compiled (it
+    runs inside vLLM's op). Returns how many layers."""
+    from xpufakes.proof.xpu import device, gdn_core
+
+    layers = [
+        m
+        for m in built.modules()
+        if all(hasattr(m, a) for a in ("A_log", "dt_bias", "conv1d", "head_v_dim"))
+    ]
+    if not layers:
+        return 0
+
+    def instead(kernel, *args, **kwargs):
+        from vllm.forward_context import get_forward_context
+
+        names = ("core_attn_out", "z", "projected_states_qkvz", "projected_states_ba")
+        given = dict(zip((*names, "layer_name"), args, strict=False)) | kwargs
+        context = get_forward_context()
+        if context.attn_metadata is not None:
+            return kernel(*args, **kwargs)
+        layer = context.no_compile_layers[given["layer_name"]]
+        qkvz, ba = given["projected_states_qkvz"], given["projected_states_ba"]
+        out, z = gdn_core.gdn_core(
+            qkvz,
+            ba,
+            layer.conv1d.weight.reshape(layer.conv1d.weight.shape[0], -1),
+            layer.A_log,
+            layer.dt_bias,
+            layer.num_k_heads // layer.tp_size,
+            layer.num_v_heads // layer.tp_size,
+            layer.head_k_dim,
+            layer.head_v_dim,
+            layer.activation,
+            bool(getattr(layer, "gqa_interleaved_layout", False)),
+        )
+        tokens = qkvz.shape[0]
+        given["core_attn_out"][:tokens].copy_(out)
+        given["z"][:tokens].copy_(z)
+        return None
+
+    device.INSTEAD_ON_CPU[GDN_CORE_OP] = instead
+    return len(layers)
 
 
 def random_where_uninitialized(built) -> list[str]:
@@ -387,6 +445,9 @@ def compare(
         except Exception as e:  # noqa: BLE001 - the result
             return result | not_built(e, tree, start) | {"result": NOT_BUILT}
         result["attention_computed"] = attention_that_computes(built)
+        gdn = gdn_that_computes(built)
+        if gdn:
+            result["gdn_computed"] = gdn
         filled = random_where_uninitialized(built)
         if filled:
             result["filled_at_random"] = filled

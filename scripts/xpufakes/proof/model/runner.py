@@ -70,7 +70,8 @@ def run_all(
     esimd_truthful: bool = False,
 ) -> list[dict]:
     """The model proof's result for each of the models (its JSON), traced in one
-    process with `python` (this one if not given) that sets up once, each
+    process with `python` (this one if not given) that sets up once (an
+    entry with `own_process` in one of its own: processes()), each
     cell classified by the tree's listed limits (limits.py). A
     model that could not be built is in it, each configuration "not built"
     with the error; if the process wrote nothing, each is "not built" with
@@ -86,10 +87,63 @@ def run_all(
     models.configurations(configurations)
     models.token_counts(numbers)
     python = python or sys.executable
-    env = isolated.env()  # nothing written to the tree
+    base = isolated.env()  # nothing written to the tree
     if transformers:
         pinned = transformers_pin.overlay(transformers, python)
-        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{pinned}"
+        base["PYTHONPATH"] = f"{base['PYTHONPATH']}{os.pathsep}{pinned}"
+    found: list[dict] = []
+    for group, extra in processes(root, chosen):
+        env = base | extra
+        found += _one_process(
+            root, group, standins, configurations, python, plugin, numbers,
+            esimd_truthful, env, tensor_parallel,
+        )  # fmt: skip
+    order = {name: i for i, name in enumerate(chosen)}
+    found.sort(key=lambda m: order[m["model"]])
+    for model in found:
+        said = venv_missing(model, python)
+        if said:
+            model["venv"] = said
+    return limits.classify_tree(found, root)
+
+
+def processes(root: Path, chosen: list[str]) -> list[tuple[list[str], dict]]:
+    """The model processes of a run: the models together, with none of
+    their environments at the start (each is set while its model is built:
+    build.environment_of), but each entry with `own_process` that may be
+    for this tree (applies_to a module the tree's source has) in a process
+    of its own, its environment set from the start: a tree may read it
+    once, at import (llm-scaler's esimd_utils.py)."""
+    known = models.load()
+    alone = []
+    for name in chosen:
+        model = known[name]
+        module = model.applies_to.get("module", "")
+        here = not module or any(
+            (root / Path(*module.split("."))).with_suffix(s).exists()
+            for s in (".py", "")
+        )
+        if model.own_process and here:
+            alone.append(name)
+    together = [n for n in chosen if n not in alone]
+    groups = [(together, {})] if together else []
+    groups += [([n], {k: str(v) for k, v in known[n].env.items()}) for n in alone]
+    return groups
+
+
+def _one_process(
+    root: Path,
+    chosen: list[str],
+    standins: str,
+    configurations: str,
+    python: str,
+    plugin: Path | None,
+    numbers: str,
+    esimd_truthful: bool,
+    env: dict[str, str],
+    tensor_parallel: int,
+) -> list[dict]:
+    """run_all's models in one process (and its tensor-parallel ones)."""
     with tempfile.TemporaryDirectory(prefix="xpufakes-model-") as work:
         out = Path(work) / "model.json"
         done = subprocess.run(
@@ -150,11 +204,7 @@ def run_all(
                     else c
                     for c in model["configurations"]
                 ]
-    for model in found:
-        said = venv_missing(model, python)
-        if said:
-            model["venv"] = said
-    return limits.classify_tree(found, root)
+    return found
 
 
 # a tensor-parallel trace's processes, at most (each imports vLLM, builds

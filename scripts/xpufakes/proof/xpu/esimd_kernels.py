@@ -7,10 +7,10 @@ caller passed) and returns what the C++ returns (that same tensor, or
 nothing). The math is the C++'s, small: fp32 accumulation, the result cast
 to the buffer's dtype. Every ESIMD op data/schema_contracts.toml names on
 llm-scaler b18beee's traced path (the 21 whose schemas hide a write there,
-esimd_moe_topk under ENABLE_MOE_ESIMD_ROUTING=1) has one; an op without
-one, as those only other images' trees reach (0a85564's
-esimd_gdn_conv_fused, esimd_gdn_conv_fused_seq and
-esimd_qkv_split_norm_rope, 25095b4's esimd_gemv_fp16_gelu_mul), has a
+esimd_moe_topk under ENABLE_MOE_ESIMD_ROUTING=1) has one, and so has
+esimd_qkv_split_norm_rope (Qwen3-Next's full attention at decode, read from
+25095b4's C++); an op without one (esimd_gdn_conv_fused,
+esimd_gdn_conv_fused_seq, 25095b4's esimd_gemv_fp16_gelu_mul, ...) has a
 stand-in that raises, naming it (esimd.py)."""
 
 from collections.abc import Callable
@@ -40,6 +40,8 @@ SOURCES = {
     "esimd_resadd_norm_gemv_fp8_pert": "csrc/xpu/esimd_kernel.sycl:315",
     "esimd_resadd_norm_gemv_int4_pert": "csrc/xpu/esimd_kernel.sycl:377",
     "esimd_rms_norm_gated": "csrc/xpu/esimd_kernel.sycl:467",
+    # 25095b4 (host :241; the op: torch_extension.cc:68)
+    "esimd_qkv_split_norm_rope": "csrc/xpu/esimd_kernels/qkv_split_norm_rope.h:23",
 }
 
 
@@ -631,6 +633,95 @@ def moe_topk(router_logits, top_values, top_indices, T):
     return top_values
 
 
+# Qwen3-Next's full attention at decode (qwen3_next.py _esimd_qkv_core):
+# csrc/xpu/esimd_kernels/qkv_split_norm_rope.h of 25095b4, the kernel
+# qkv_split_norm_rope_kernel, one work item per (head, token); headDim 256
+QKV_HEAD_DIM = 256
+QKV_EPS = 1e-6
+
+
+def _qkv_rope(x, cos_sin, position: int, rotary_dim: int):
+    """The kernel's RoPE of one normed head x [256] (fp32), reading the
+    cache's fp16 bytes at position * rotary_dim: rotary_dim 64 rotates
+    x[0:32] with x[32:64] by [cos(32) | sin(32)] (:94); any other rotates
+    all 256, x[0:128] with x[128:256], by 128 cos then 128 sin (:107)."""
+    at = position * rotary_dim
+    half = 32 if rotary_dim == 64 else 128
+    _check(at + 2 * half <= cos_sin.numel(), "reads past cos_sin_cache")
+    cos = cos_sin[at : at + half].float()
+    sin = cos_sin[at + half : at + 2 * half].float()
+    x1, x2 = x[:half].clone(), x[half : 2 * half].clone()
+    x[:half] = x1 * cos - x2 * sin
+    x[half : 2 * half] = x2 * cos + x1 * sin
+    return x
+
+
+def qkv_split_norm_rope(
+    qkv_state,
+    q_out,
+    gate_out,
+    k_out,
+    v_out,
+    norm_wq,
+    norm_wk,
+    positions,
+    q_heads,
+    kv_heads,
+    attn_output_gate,
+    rotary_dim,
+    cos_sin_cache,
+):
+    """Each 256-wide head of each token of qkv_state [T, hiddenDim] (fp16):
+    the heads the host dispatches (2 q_heads + 2 kv_heads with
+    attn_output_gate, else q_heads + 2 kv_heads, :259), each mapped by
+    hiddenDim (gated: hiddenDim == 256 (2 q_heads + 2 kv_heads), :53) to
+    Q (head 2i, gated; i), G (2i + 1), K, V. Q and K: x * (w + 1) *
+    rsqrt(mean(x^2) + 1e-6), then RoPE (_qkv_rope), into q_out / k_out; G:
+    sigmoid(x) into gate_out; V copied into v_out. Rows at q_heads * 256 *
+    token (Q, G) and kv_heads * 256 * token (K, V), dense; positions read
+    as uint32 and the cache as fp16 from their bytes. The op (the lambda of
+    torch_extension.cc:73) returns nothing."""
+    tokens, hidden = qkv_state.shape
+    d = QKV_HEAD_DIM
+    total = (
+        (2 * q_heads + 2 * kv_heads) if attn_output_gate else (q_heads + 2 * kv_heads)
+    )
+    gated = hidden == d * (2 * q_heads + 2 * kv_heads)
+    qkv = _flat(qkv_state)
+    where = {
+        "q": _flat(q_out),
+        "g": _flat(gate_out),
+        "k": _flat(k_out),
+        "v": _flat(v_out),
+    }
+    position = _bytes(positions).view(torch.int32)
+    cos_sin = _bytes(cos_sin_cache).view(torch.float16)
+    wq = _flat(norm_wq)[:d].float() + 1.0
+    wk = _flat(norm_wk)[:d].float() + 1.0
+    for token in range(tokens):
+        at = int(position[token]) & 0xFFFFFFFF
+        for head in range(total):
+            x = qkv[token * hidden + head * d : token * hidden + (head + 1) * d].float()
+            if gated and head < 2 * q_heads:
+                kind, out_head = ("q", "g")[head & 1], head >> 1
+            elif head < (2 * q_heads if gated else q_heads):
+                kind, out_head = "q", head
+            elif head < (2 * q_heads if gated else q_heads) + kv_heads:
+                kind, out_head = "k", head - (2 * q_heads if gated else q_heads)
+            else:
+                kind = "v"
+                out_head = head - (2 * q_heads if gated else q_heads) - kv_heads
+            if kind in ("q", "k"):
+                weight = wq if kind == "q" else wk
+                x = x * weight * torch.rsqrt(x.square().mean() + QKV_EPS)
+                x = _qkv_rope(x, cos_sin, at, rotary_dim)
+            elif kind == "g":
+                x = torch.sigmoid(x)
+            rows = q_heads if kind in ("q", "g") else kv_heads
+            start = rows * d * token + out_head * d
+            where[kind][start : start + d] = x.to(where[kind].dtype)
+
+
 # op name (without its namespace) -> reference
 REFERENCES: dict[str, Callable] = {
     "esimd_gemm_fp8_blockscale": gemm_fp8_blockscale,
@@ -654,4 +745,5 @@ REFERENCES: dict[str, Callable] = {
     "esimd_resadd_norm_gemv_fp8_pert": resadd_norm_gemv_fp8_pert,
     "esimd_resadd_norm_gemv_int4_pert": resadd_norm_gemv_int4_pert,
     "esimd_rms_norm_gated": rms_norm_gated,
+    "esimd_qkv_split_norm_rope": qkv_split_norm_rope,
 }

@@ -5,9 +5,9 @@ MoE path imports (vllm/model_executor/layers/fused_moe/experts/xpu_moe.py:
 XpuFusedMoe, fused_moe_activation), calling the package's torch ops in the
 package's order (fused_moe_interface.py@3cab97a: XpuFusedMoe._apply_kernel
 :431-513), so that the ops' CPU kernels (moe_kernels.py) compute what the
-device would. What no catalog model reaches (int4, mxfp4, mxfp8 and block
-fp8 experts, expert parallelism, the package's reference path) raises,
-naming it."""
+device would. What is not stood in (int4, mxfp4 -- gpt_oss_mxfp4 reaches
+it --, mxfp8 and block fp8 experts, expert parallelism, the package's
+reference path) raises, naming it."""
 
 import torch
 
@@ -20,7 +20,7 @@ _ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul"}
 def _refused(what: str):
     raise NoCPUReference(
         f"vllm_xpu_kernels.fused_moe_interface stand-in: {what} is not stood "
-        "in (no catalog model reaches it); proof/xpu/fused_moe_standin.py"
+        "in; proof/xpu/fused_moe_standin.py"
     )
 
 

@@ -1,0 +1,199 @@
+"""The catalog's entries for intel/llm-scaler's image 0.21.0-b3.1
+(data/models.toml: qwen3_next_fp8, qwen3_next_fp8_fused_moe_off, gemma4_fp8,
+gemma4_moe_fp8, gpt_oss_mxfp4; applies_to
+its esimd_utils, so the other catalog trees run none of them) on the image's
+own tree (support/images.py rebuilds it from ../shared/reference/images;
+skipped without it, failing under CI), as it is and after `make apply`: each
+stage one model process (runner.run_all, as `make audit MODEL=a,b,c`),
+vLLM's default configuration, built with the image's transformers pin
+(5.8.0: vLLM 0.21.0 cannot read Gemma 4's config with .venv-tree's 5.20.2),
+compiled and eager compared at one token (NUMBERS=1: the decode path the
+image's ESIMD fast paths take; the start-up's 2048 costs about a minute
+more a stage and is measured in docs/traced-path.md).
+
+What the image would do, cell by cell (docs/traced-path.md):
+
+* Qwen3-Next traces whole at the start-up's 2048 tokens on both stages. At
+  one token the compiled run raises: unpatched at the ESIMD op
+  esimd_gemv_fp8_pert_fused2, which has no fake (a lie the fix routes:
+  the negative control of the patched stage), after apply at the fused MoE
+  kernel moe_ops::moe_forward_full, which has no fake in either (a gap of
+  the fix, said and not excused).
+* Qwen3-Next with the image's fused MoE kernel off (DISABLE_ESIMD_MOE=1,
+  the image's switch): at one token the compiled run raises unpatched at
+  esimd_gemv_fp8_pert_fused2 (no fake), and after apply compiled = eager
+  through the image's other decode ops (the GDN layer's fused GEMV and
+  norms, the fused QKV split + norm + RoPE: CPU references).
+* Gemma 4 dense traces whole on both stages; at one token, unpatched, its
+  compiled forward differs from eager (NaN: the image's ESIMD decode ops
+  whose schemas hide their writes, dropped by functionalization); after
+  apply compiled = eager (the fix's routed ops). The negative control of
+  the patched stage is the unpatched one.
+* Gemma 4 MoE fails at start-up on both stages, at
+  moe_int4_prefill_ops::moe_prefill_gather_forward_v2 (no fake: the same
+  gap), reached by its expert-grouped ESIMD path.
+* gpt-oss traces whole on both; its MXFP4 experts have no CPU reference
+  here (fused_moe_standin.py), so its numbers are not computed: a failure,
+  the proof's limit.
+
+Cost: four model processes (a stage's entries together, the one with
+own_process alone): 169 s on 2 cores (load ~1.4), the tree and
+transformers 5.8.0 cached."""
+
+from pathlib import Path
+
+import pytest
+from test_do_no_harm import _b31_applied, _cached
+from test_model_trace import TREE_PYTHON
+
+from support import images
+from xpufakes.proof import audit
+from xpufakes.proof.model import models, runner
+from xpufakes.proof.model import report as modelproof
+from xpufakes.trees import tree
+
+pytestmark = pytest.mark.skipif(
+    not TREE_PYTHON.exists(), reason="no .venv-tree (make venv-tree sets it up)"
+)
+
+# the image's pin (../shared/reference/images/llm-scaler-0.21.0-b3.1/Dockerfile)
+TRANSFORMERS = "5.8.0"
+B31_ENTRIES = [
+    name
+    for name, entry in models.load().items()
+    if entry.applies_to.get("module") == "vllm.model_executor.layers.esimd_utils"
+]
+NO_FAKE = "Operator does not support running with fake tensors"
+
+
+def _stage(root: Path) -> dict[str, dict]:
+    kernels = audit.kernels_of(tree.locate(str(root)))
+    found = runner.run_all(
+        root,
+        B31_ENTRIES,
+        kernels,
+        "default",
+        python=str(TREE_PYTHON),
+        transformers=TRANSFORMERS,
+        numbers="1",
+    )
+    return {m["model"]: m["configurations"][0] for m in found}
+
+
+@pytest.fixture(scope="module")
+def stages() -> dict[str, dict[str, dict]]:
+    images.need(images.B31)
+    return {
+        "unpatched": _stage(images.b31_cached()),
+        "applied": _stage(_cached("b31-applied", _b31_applied)),
+    }
+
+
+def _said(result: dict) -> str:
+    """The error and Dynamo's whole message (which names the operator)."""
+    return f"{result.get('error', '')} {result.get('message', '')}"
+
+
+def _one_token(cell: dict) -> list[dict]:
+    numbers = cell["numbers"]["cells"]
+    assert {c["tokens"] for c in numbers} == {1}, numbers
+    return numbers
+
+
+def test_an_own_process_entry_runs_alone_where_it_may_apply(tmp_path):
+    """runner.processes: qwen3_next_fp8_fused_moe_off (own_process: the
+    image's esimd_utils.py reads DISABLE_ESIMD_MOE once, at import) gets a
+    process of its own with its environment from the start, on a tree that
+    has that module; on one without it (the catalog's other trees: the
+    negative control) it stays with the others, costing no process."""
+    chosen = ["qwen3_next_fp8", "qwen3_next_fp8_fused_moe_off", "gemma4_fp8"]
+    without = tmp_path / "without"
+    (without / "vllm" / "model_executor" / "layers").mkdir(parents=True)
+    assert runner.processes(without, chosen) == [(chosen, {})]
+    image = tmp_path / "image"
+    (image / "vllm" / "model_executor" / "layers").mkdir(parents=True)
+    (image / "vllm" / "model_executor" / "layers" / "esimd_utils.py").write_text("")
+    assert runner.processes(image, chosen) == [
+        (["qwen3_next_fp8", "gemma4_fp8"], {}),
+        (["qwen3_next_fp8_fused_moe_off"], {"DISABLE_ESIMD_MOE": "1"}),
+    ]
+
+
+def test_the_entries_are_the_images():
+    assert B31_ENTRIES == [
+        "qwen3_next_fp8",
+        "qwen3_next_fp8_fused_moe_off",
+        "gemma4_fp8",
+        "gemma4_moe_fp8",
+        "gpt_oss_mxfp4",
+    ]
+
+
+def test_qwen3_next_traces_whole_and_its_decode_meets_ops_without_fakes(stages):
+    for stage, found in stages.items():
+        cell = found["qwen3_next_fp8"]
+        assert cell["result"] == "traced", (stage, cell)
+        assert (cell["graphs"], cell["graph_breaks"]) == (1, 0), (stage, cell)
+        assert modelproof.failing(
+            {"model": "qwen3_next_fp8", "configurations": [cell]}
+        ), (stage, cell)
+        for run in _one_token(cell):
+            assert run["result"] == modelproof.NUMBERS_RAISED, (stage, run)
+            assert NO_FAKE in run["error"], (stage, run)
+            said = _said(run)
+            at = (
+                "esimd_gemv_fp8_pert_fused2"
+                if stage == "unpatched"
+                else "moe_ops.moe_forward_full.default"
+            )
+            assert at in said, (stage, run)
+            if stage == "applied":
+                assert "esimd_gemv_fp8_pert_fused2" not in said, run
+
+
+def test_qwen3_next_without_the_fused_moe_agrees_after_apply(stages):
+    for stage, found in stages.items():
+        cell = found["qwen3_next_fp8_fused_moe_off"]
+        assert cell["result"] == "traced", (stage, cell)
+        assert (cell["graphs"], cell["graph_breaks"]) == (1, 0), (stage, cell)
+        for run in _one_token(cell):
+            if stage == "unpatched":
+                assert run["result"] == modelproof.NUMBERS_RAISED, (stage, run)
+                assert NO_FAKE in run["error"], run
+                assert "esimd_gemv_fp8_pert_fused2" in _said(run), run
+            else:
+                assert run["result"] == modelproof.NUMBERS_EQUAL, (stage, run)
+                assert run["difference"] <= 0.02 * run["largest"], run
+
+
+def test_gemma4_dense_decode_differs_before_apply_and_agrees_after(stages):
+    for stage, found in stages.items():
+        cell = found["gemma4_fp8"]
+        assert cell["result"] == "traced", (stage, cell)
+        assert (cell["graphs"], cell["graph_breaks"]) == (1, 0), (stage, cell)
+        runs = _one_token(cell)
+        assert {r["backend"] for r in runs} == {"aot_eager", "inductor"}, runs
+        for run in runs:
+            if stage == "unpatched":
+                assert run["result"] == modelproof.NUMBERS_DIFFERENT, (stage, run)
+                assert run["difference"] != run["difference"], run  # NaN
+            else:
+                assert run["result"] == modelproof.NUMBERS_EQUAL, (stage, run)
+                assert run["difference"] <= 0.02 * run["largest"], run
+
+
+def test_gemma4_moe_fails_at_start_up_at_its_grouped_moe(stages):
+    for stage, found in stages.items():
+        cell = found["gemma4_moe_fp8"]
+        assert cell["result"] == "failed", (stage, cell)
+        assert NO_FAKE in cell["error"], (stage, cell)
+        assert "moe_prefill_gather_forward_v2" in _said(cell), (stage, cell)
+
+
+def test_gpt_oss_traces_whole_and_its_mxfp4_experts_are_not_computed(stages):
+    for stage, found in stages.items():
+        cell = found["gpt_oss_mxfp4"]
+        assert cell["result"] == "traced", (stage, cell)
+        assert (cell["graphs"], cell["graph_breaks"]) == (1, 0), (stage, cell)
+        for run in _one_token(cell):
+            assert "mxfp4" in run.get("not_computed", ""), (stage, run)
