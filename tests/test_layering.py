@@ -60,7 +60,8 @@ LAYERS = {
     ],
     "proof.model": [
         "models transformers_pin report features",
-        "limits catalog",
+        "limits",
+        "catalog",
         "runner environment build",
         "trace",
         "numbers",

@@ -26,6 +26,7 @@ from xpufakes.changes import kernels as xkernels
 from xpufakes.common import paths
 from xpufakes.proof import audit
 from xpufakes.proof.model import catalog as catalog_run
+from xpufakes.proof.model import limits
 from xpufakes.trees import images
 from xpufakes.trees import tree as xtree
 
@@ -326,7 +327,13 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
     if RECORDING:  # the run as it is, kept whatever the checks below say
         for stage, (models, seconds) in stages.items():
             catalog_run.record_stage(
-                Path(RECORDING), name, stage, models, seconds, list(TREES).index(commit)
+                Path(RECORDING),
+                name,
+                stage,
+                models,
+                seconds,
+                list(TREES).index(commit),
+                limits.keys_of(tree),
             )
     for cell, result in after.items():
         if result["result"] in LIMITS:

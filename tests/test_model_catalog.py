@@ -37,7 +37,7 @@ from test_model_trace_kernels import without_fakes
 
 from support import downstream, releases, tool
 from xpufakes.proof import audit
-from xpufakes.proof.model import catalog, models, runner
+from xpufakes.proof.model import catalog, limits, models, runner
 from xpufakes.proof.model import report as modelproof
 from xpufakes.trees import tree
 
@@ -77,7 +77,13 @@ def run(name: str, stage: str, root: Path) -> dict[str, dict[str, dict]]:
     assert [m["model"] for m in found] == ALL
     if RECORDING:
         catalog.record_stage(
-            Path(RECORDING), name, stage, found, seconds, TREES.index(name)
+            Path(RECORDING),
+            name,
+            stage,
+            found,
+            seconds,
+            TREES.index(name),
+            limits.keys_of(root),
         )
     return {
         m["model"]: {c["configuration"]: c for c in m["configurations"]} for m in found

@@ -14,6 +14,9 @@ On 0.16.0 (vllm-xpu-kernels 0.1.2), unpatched:
                 AWQLinearMethod, which at the start-up's batch (256 tokens
                 or more) calls `_C::awq_dequantize`, and below it
                 `_C::awq_gemm`: the kernels lack both
+  qwen2_gptq    the tree's limit: GPTQLinearMethod calls `_C::gptq_shuffle`
+                while it processes the weights
+  deepseek_v2_fp8  the tree's limit: its MLA backend needs vllm_flash_attn
   sp            the proof's limit: 0.16.0's VllmConfig turns sequence
                 parallelism off at TP=1, and the proof runs one process
 
@@ -36,7 +39,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 KERNELS_ERA = "0.16.0"
-MODELS = ["qwen3_w4a16", "qwen3_moe", "qwen3_awq"]
+MODELS = ["qwen3_w4a16", "qwen3_moe", "qwen3_awq", "qwen2_gptq", "deepseek_v2_fp8"]
+# the tree's limits these meet (data/limits.toml's, each named by its test
+# here: tests/test_catalog_records.py), exactly as the cells say them
+LIMITS = {
+    "qwen3_awq": "AttributeError: '_OpNamespace' '_C' object has no attribute "
+    "'awq_dequantize'",
+    "qwen2_gptq": "AttributeError: '_OpNamespace' '_C' object has no attribute "
+    "'gptq_shuffle'",
+    "deepseek_v2_fp8": "RuntimeError: MLA attention requires FlashAttention but it "
+    "is not available. Please install flash_attn or use --attention-backend "
+    "ROCM_AITER_MLA.",
+}
 # 0.16.0's vllm/_xpu_ops.py registers its fakes under these guards
 FAKE_GUARDS = (
     'if hasattr(torch.ops._xpu_C, "fp8_gemm_w8a16"):',
@@ -55,19 +69,19 @@ def test_kernels_era_int4_and_fp8_trace_whole_and_fail_without_vllms_fakes(
     tmp_path,
 ):
     found = traces(releases.pristine(KERNELS_ERA), tmp_path, MODELS)
-    w4a16, moe, awq = (found[m] for m in MODELS)
+    w4a16, moe, awq = (found[m] for m in MODELS[:3])
     assert w4a16["default"]["result"] == "traced", w4a16["default"]
     # 2 layers x (qkv, o, gate_up, down), on the XPU int4 kernel
     assert w4a16["default"]["methods"]["CompressedTensorsLinearMethod"] == 8
     assert "_xpu_C::int4_gemm_w4a16" in w4a16["default"]["ops"]
     assert moe["default"]["result"] == "traced", moe["default"]
     assert "_xpu_C::fp8_gemm_w8a16" in moe["default"]["ops"]
-    assert awq["default"]["result"] == modelproof.TREE_LIMIT, awq["default"]
     # the start-up's 2048 tokens take AWQ's dequantize-and-matmul branch
     # (x.shape[:-1].numel() >= 256 in awq.py); 7 tokens took awq_gemm
-    assert awq["default"]["error"] == (
-        "AttributeError: '_OpNamespace' '_C' object has no attribute 'awq_dequantize'"
-    )
+    for model, reason in LIMITS.items():
+        cell = found[model]["default"]
+        assert cell["result"] == modelproof.TREE_LIMIT, cell
+        assert cell["error"] == reason, cell
     assert "vllm-xpu-kernels 0.1.2" in awq["default"]["limit"]
     for model in found.values():
         sp_is_the_proofs_limit(model["sp"])

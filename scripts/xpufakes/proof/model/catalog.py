@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpufakes.common import paths
-from xpufakes.proof.model import report
+from xpufakes.proof.model import limits, report
 from xpufakes.trees import pinfacts
 
 DOCUMENT = "docs/traced-path.md"
@@ -87,20 +87,41 @@ def word(cell: dict) -> str:
     return "not compiled"
 
 
+# what a recorded failure keeps, to be judged again (rejudged): its error,
+# the lines of the tree it passed through (those of ours apart) and the
+# frames of ours outside the tree
+_KEPT = ("error", "lines", "through_ours", "ours")
+
+
+def _kept(failure: dict) -> dict:
+    return {key: failure[key] for key in _KEPT if failure.get(key) is not None}
+
+
 def cells(found: list[dict]) -> dict[str, dict[str, dict]]:
     """The model proof's classified result (runner.run_all, limits.py):
-    model -> configuration -> {result, word, seconds}."""
-    return {
-        model["model"]: {
-            c["configuration"]: {
+    model -> configuration -> {result, word, seconds}, and of a failure
+    or a limit (the configuration's, the numbers' compiled runs that
+    raised: `raised`) what judging it takes (_KEPT)."""
+    recorded: dict[str, dict[str, dict]] = {}
+    for model in found:
+        for c in model["configurations"]:
+            cell = {
                 "result": c["result"],
                 "word": word(c),
                 "seconds": c.get("seconds", 0),
             }
-            for c in model["configurations"]
-        }
-        for model in found
-    }
+            if c["result"] in (*report.ERRORS, report.TREE_LIMIT):
+                cell |= _kept(c)
+            raised = [
+                {"tokens": n["tokens"], "backend": n["backend"], "result": n["result"]}
+                | _kept(n)
+                for n in (c.get("numbers") or {}).get("cells", [])
+                if n["result"] in (report.NUMBERS_RAISED, report.TREE_LIMIT)
+            ]
+            if raised:
+                cell["raised"] = raised
+            recorded.setdefault(model["model"], {})[c["configuration"]] = cell
+    return recorded
 
 
 def record_stage(
@@ -110,9 +131,11 @@ def record_stage(
     found: list[dict],
     seconds: float,
     order: int = 0,
+    keys: tuple[str, str] = ("", ""),
 ) -> Path:
     """One tree's stage of a run, written for `record` to gather (`order`:
-    the tree's place in the tables)."""
+    the tree's place in the tables; `keys`: what the tree's limits are
+    keyed by, limits.keys_of: its release and llm-scaler image)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r} (known: {', '.join(STAGES)})")
     directory.mkdir(parents=True, exist_ok=True)
@@ -125,6 +148,8 @@ def record_stage(
                 "order": order,
                 "stage": stage,
                 "seconds": round(seconds, 1),
+                "release": keys[0],
+                "image": keys[1],
                 "cells": cells(found),
             },
             indent=1,
@@ -145,6 +170,8 @@ def gather(directory: Path, command: str, date: str, commit: str) -> dict:
     ):
         trees.setdefault(stage["tree"], {})[stage["stage"]] = {
             "seconds": stage["seconds"],
+            "release": stage["release"],
+            "image": stage["image"],
             "cells": stage["cells"],
         }
     return {"date": date, "commit": commit, "command": command, "trees": trees}
@@ -176,6 +203,67 @@ def disagreements(live: dict[str, dict], recorded: dict[str, dict]) -> list[str]
                         f"(recorded: {b['word']})"
                     )
     return differ
+
+
+def _failures(recorded: dict):
+    """(tree, stage, model, configuration, where, failure, release, image)
+    of each recorded failure or limit: a configuration's, and each numbers
+    cell whose compiled run raised (`where`: "" or "<n> tokens <backend>")."""
+    for tree, stages in recorded["trees"].items():
+        for stage, found in stages.items():
+            for model, configurations in found["cells"].items():
+                for configuration, cell in configurations.items():
+                    keys = (found.get("release"), found.get("image"))
+                    if cell["result"] in (*report.ERRORS, report.TREE_LIMIT):
+                        yield tree, stage, model, configuration, "", cell, *keys
+                    for n in cell.get("raised", []):
+                        where = f"{n['tokens']} tokens {n['backend']}"
+                        yield tree, stage, model, configuration, where, n, *keys
+
+
+def rejudged(recorded: dict, listed: list) -> list[str]:
+    """Each recorded failure or limit that today's limits (`listed`,
+    limits.load()) judge otherwise than the run did: a limit no longer
+    listed, or a failure a limit now excuses (limits.excusing, from what
+    the run kept of it). A stage recorded without its keys, or a failure
+    without its error, cannot be judged again: said too."""
+    differ = []
+    for tree, stage, model, configuration, where, failure, release, image in _failures(
+        recorded
+    ):
+        at = " ".join(x for x in (tree, stage, model, configuration, where) if x)
+        if release is None or "error" not in failure:
+            differ.append(f"{at}: recorded without what judging it takes")
+            continue
+        limit = limits.excusing(listed, release, model, configuration, image, failure)
+        if (limit is not None) != (failure["result"] == report.TREE_LIMIT):
+            differ.append(
+                f"{at}: recorded {failure['result']!r}, today "
+                + (
+                    "excused by data/limits.toml"
+                    if limit
+                    else "no listed limit excuses it"
+                )
+                + f" ({failure['error']})"
+            )
+    return differ
+
+
+def met(records: dict[str, dict], listed: list) -> dict:
+    """limit -> the recorded runs (RUNS' names) with a failure it excuses."""
+    found: dict = {limit: [] for limit in listed}
+    for run, recorded in records.items():
+        for _, _, model, configuration, _, failure, release, image in _failures(
+            recorded
+        ):
+            if release is None or "error" not in failure:
+                continue
+            limit = limits.excusing(
+                listed, release, model, configuration, image, failure
+            )
+            if limit is not None and run not in found[limit]:
+                found[limit].append(run)
+    return found
 
 
 def _counts(stage: dict) -> str:

@@ -73,6 +73,9 @@ class Limit:
     # an intel/llm-scaler image commit: the limit of that image's tree only
     # (built on `tree`), never of the plain release
     image: str = ""
+    # the test of make test that meets it, where no recorded catalog run
+    # does ("tests/<file>.py::<test>": it asserts the cell is this limit)
+    met_by: str = ""
 
     def _of_tree(self, tree: str) -> bool:
         if self.tree == tree:
@@ -103,6 +106,7 @@ def load(path: Path = LIMITS) -> list[Limit]:
             " ".join(entry["why"].split()),
             entry.get("and_later", False),
             entry.get("image", ""),
+            entry.get("met_by", ""),
         )
         for entry in tomllib.loads(path.read_text()).get("limit", [])
     ]
@@ -136,14 +140,47 @@ def image_of(texts: dict[str, str], release: str, root: Path | None = None) -> s
     return max(same, key=lambda c: commits[c].get("date", ""), default="")
 
 
+def keys_of(root: Path, texts: dict[str, str] | None = None) -> tuple[str, str]:
+    """What a tree's limits are keyed by: the release it says it is and the
+    llm-scaler image it is the tree of ("" if none)."""
+    texts = trees.python_sources(root) if texts is None else texts
+    name = tree_name(root)
+    return name, image_of(texts, name, root)
+
+
 def classify_tree(found: list[dict], root: Path) -> list[dict]:
     """classify() for the tree at root: its name, the llm-scaler image it
     is the tree of (if any), and the lines of it that are not the tree's own
     in the files our series or recipes edit or add."""
     texts = trees.python_sources(root)
-    name = tree_name(root)
+    name, image = keys_of(root, texts)
     ours = ourlines.ours(root, live.edited_by_us(texts))
-    return classify(found, name, ours, image=image_of(texts, name, root))
+    return classify(found, name, ours, image=image)
+
+
+def excusing(
+    limits: list[Limit],
+    tree: str,
+    model: str,
+    configuration: str,
+    image: str,
+    failure: dict,
+) -> Limit | None:
+    """The listed limit that excuses a failure (a configuration's, or a
+    numbers cell's: its `error`, and `through_ours` and `ours`, the lines
+    and frames of ours it passed through), or None: what classify() decides,
+    from what a recorded run keeps of the cell (catalog.rejudged)."""
+    if failure.get("through_ours") or failure.get("ours"):
+        return None
+    return next(
+        (
+            limit
+            for limit in limits
+            if limit.covers(tree, model, configuration, image)
+            and limit.reason == failure.get("error")
+        ),
+        None,
+    )
 
 
 def classify(
@@ -175,16 +212,20 @@ def classify(
             if cell["result"] in (NOT_FOR_THIS_TREE, PROOF_LIMIT) or not listed:
                 continue
             matched = [limit for limit in listed if limit.reason == cell.get("error")]
-            if cell["result"] in ERRORS and matched:
-                _excuse(cell, matched[0], ours, TREE_LIMIT)
+            if cell["result"] in ERRORS:
+                cell["through_ours"] = through_ours(cell, ours)
+                if matched:
+                    _excuse(cell, matched[0], TREE_LIMIT)
             # the numbers' compiled runs that raised (numbers.py): excused
             # as the trace's failures are, each cell on its own
             numbers = cell.get("numbers") or {}
             for n in numbers.get("cells", []):
                 met = [limit for limit in listed if limit.reason == n.get("error")]
-                if n["result"] == NUMBERS_RAISED and met:
-                    _excuse(n, met[0], ours, TREE_LIMIT)
-                    matched += met
+                if n["result"] == NUMBERS_RAISED:
+                    n["through_ours"] = through_ours(n, ours)
+                    if met:
+                        _excuse(n, met[0], TREE_LIMIT)
+                        matched += met
             if numbers.get("cells"):
                 numbers["result"] = numbers_outcome(numbers["cells"])
             if not matched:
@@ -192,16 +233,23 @@ def classify(
     return found
 
 
-def _excuse(cell: dict, limit: Limit, ours: dict, excused: str) -> None:
+def through_ours(failure: dict, ours: dict) -> list[str]:
+    """The lines of ours in the tree a failure passed through (its frames
+    in the files our series or recipes edit or add, on lines not the
+    tree's own; a failure recorded without its lines: those files)."""
+    if failure.get("lines") is None:
+        return sorted(set(failure.get("files", [])) & set(ours))
+    return [f for f in failure["lines"] if ourlines.frame_is_ours(f, ours)]
+
+
+def _excuse(cell: dict, limit: Limit, excused: str) -> None:
     """A failure (a configuration's, or a numbers cell's) whose error
     `limit` names: its result `excused`, with the limit's why, unless it
-    passed through a line of ours in the tree or a frame of ours outside it
-    (trace.ours_outside: the stand-ins, the overlay, the plugin, the
-    proof's own code the tree called): then `not_excused` says which."""
-    if cell.get("lines") is None:
-        mine = sorted(set(cell.get("files", [])) & set(ours))
-    else:
-        mine = [f for f in cell["lines"] if ourlines.frame_is_ours(f, ours)]
+    passed through a line of ours in the tree (`through_ours`) or a frame
+    of ours outside it (trace.ours_outside: the stand-ins, the overlay, the
+    plugin, the proof's own code the tree called): then `not_excused` says
+    which."""
+    mine = cell["through_ours"]
     outside = list(cell.get("ours", []))
     if mine:
         cell["not_excused"] = (
