@@ -504,6 +504,13 @@ CASES = {
         "csrc/xpu/esimd_kernel_moe.sycl:148-158, esimd_kernels/moe_ops.h:731 "
         "(input [total_rows, N_gate_up], output [total_rows, N_half])",
     ),
+    ESIMD + "esimd_moe_topk": (
+        {"T": 2},
+        ["f16[T,128]", "f16[T,8] nan", "i32[T,8] =-1", "T"],
+        "csrc/xpu/esimd_kernel_moe.sycl:71-83, esimd_kernels/moe_ops.h:278-375 "
+        "(router_logits [T, 128] fp16: 128 experts, top 8 fixed; top_values "
+        "[T, 8] fp16, top_indices [T, 8] int32)",
+    ),
     "_xpu_C::fp8_gemm_out": (
         {"M": 16, "N": 256, "K": 384},
         ["bf16[M,N] nan", "fp8e4m3[M,K]", "fp8e4m3[N,K].t", None, None, None, None],

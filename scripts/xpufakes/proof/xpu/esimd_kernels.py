@@ -32,7 +32,7 @@ SOURCES = {
     "esimd_gemv_int4": "csrc/xpu/esimd_kernel.sycl:200",
     "esimd_gemv_int4_fused2": "csrc/xpu/esimd_kernel.sycl:214",
     "esimd_moe_gelu_tanh_mul": "csrc/xpu/esimd_kernel_moe.sycl:148",
-    "esimd_moe_topk": "csrc/xpu/esimd_kernel_moe.sycl:24",
+    "esimd_moe_topk": "csrc/xpu/esimd_kernel_moe.sycl:71",
     "esimd_norm_add_norm": "csrc/xpu/esimd_kernel.sycl:611",
     "esimd_norm_gemv_fp8_pert": "csrc/xpu/esimd_kernel.sycl:347",
     "esimd_norm_gemv_int4_pert": "csrc/xpu/esimd_kernel.sycl:439",
