@@ -342,19 +342,10 @@ class Module:
     def nested_function(self, scope: str, name: str) -> str | None:
         """The qualname of a function `name` defined in the body of function
         `scope` (not in a function inside it), or None."""
-        function = self.functions.get(scope)
-        if function is None:
+        qualname = f"{scope}.{name}"
+        if scope not in self.functions or qualname in self.functions:
             return None
-        return next(
-            (
-                f"{scope}.{name}"
-                for node in own_statements(function)
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-                and node.name == name
-                and node is not function
-            ),
-            None,
-        )
+        return qualname if self.function_node(qualname) is not None else None
 
     def imports_in(self, qualname: str) -> dict[str, str]:
         """The imports a function sees: its own over the module's."""
