@@ -113,6 +113,7 @@ def _cached(name: str, build) -> Path:
     for path in (
         Path(recipes.__file__),
         paths.OVERLAY / recipes.FAKES_MODULE,
+        paths.OVERLAY / recipes.OPAQUE_MODULE,
         recipes.TREE_FAKES,
         Path(__file__),
     ):

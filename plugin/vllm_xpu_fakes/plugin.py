@@ -674,8 +674,22 @@ def _import_kernel_packages() -> None:
             _differs(f"{package} cannot be imported ({type(e).__name__}: {e})")
 
 
+def _register_kernel_fakes() -> None:
+    """The kernel packages' ops that have no fake at all (KERNEL_FAKES: an
+    image's fused MoE kernels) get ours, on the ops themselves (once their
+    package is imported); one with another schema is said."""
+    from vllm_xpu_fakes import _xpu_opaque_calls as opaque
+
+    for qualname, done in opaque.register_kernel_fakes().items():
+        if done == "ours" and qualname not in _STATE["registered"]:
+            _STATE["registered"].append(qualname)
+        elif done.startswith(("differs: ", "failed: ")):
+            _differs(f"{qualname}: {done}: no fake of ours")
+
+
 def _rebind_untraceable_calls(journal: _Journal) -> str:
     _import_kernel_packages()
+    _register_kernel_fakes()
     contracts = {
         name: contract
         for name, contract in _contracts().items()

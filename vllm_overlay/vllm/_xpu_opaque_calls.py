@@ -39,22 +39,36 @@ carries the writes), and one that returns a new tensor returns what its C++
 allocates (``at::empty(x.sizes(), x.options())``: contiguous, x's shape,
 dtype and device). The contracts, with their sources, are ``CONTRACTS``.
 
+And a kernel package's ops that have no fake at all while their schemas
+are true (an image's fused MoE kernels, ``moe_ops::moe_forward_full``):
+a trace stops at them ("Operator does not support running with fake
+tensors"). Each gets an exact fake on the op itself (``KERNEL_FAKES``), not
+a vLLM op around it: the image splits its compiled graph at these ops by
+name (its ``vllm/platforms/xpu.py`` splitting_ops), so the graph must keep
+them. A fake is registered only where the op has none and its live schema
+is the one the fake was written for; otherwise the op is left as it is,
+and a warning says so.
+
 Nothing here imports IPEX or a native extension when it is imported.
 """
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
 try:
     from vllm.utils.torch_utils import direct_register_custom_op
 except ImportError:  # vLLM < 0.11.1
     from vllm.utils import direct_register_custom_op  # type: ignore
+
+logger = init_logger(__name__)
 
 # callee -> (op name, parameters, mutated parameters, returns): returns is ""
 # (nothing) or "new_like <param>" (a new contiguous tensor like that param).
@@ -716,7 +730,10 @@ def as_custom_op(op: str, original: Callable | None) -> Callable | None:
     """The function a tree keeps in place of a callee of CONTRACTS (its op
     named): each call is a call of ``torch.ops.vllm.<op>``, whose
     implementation calls ``original``, and gives the caller what the callee
-    does (CALLEE_RETURNS). None (a package without it) stays None."""
+    does (CALLEE_RETURNS). None (a package without it) stays None. The tree
+    calls it once its kernel package is loaded: the package's ops without a
+    fake get theirs here (KERNEL_FAKES)."""
+    register_kernel_fakes()
     if original is None:
         return None
     name = next(c for c, contract in CONTRACTS.items() if contract[0] == op)
@@ -756,6 +773,200 @@ def _caller(name: str) -> Callable:
 _ROUTED: dict[str, Callable] = {
     contract[0]: _caller(name) for name, contract in CONTRACTS.items()
 }
+
+
+# ---------------------------------------------------------------------------
+# Fakes of kernel ops that have none (their schemas are true)
+# ---------------------------------------------------------------------------
+
+
+def _moe_forward_full_fake(
+    x,
+    logits,
+    gate_up_weight,
+    gate_up_scale,
+    shared_gate_up_weight,
+    shared_gate_up_scale,
+    down_weight,
+    down_scale,
+    shared_down_weight,
+    shared_down_scale,
+    shared_expert_gate_weight,
+    top_k,
+    num_shared_experts,
+    n_routed_experts,
+):
+    # s_final_output (torch::empty({an, hidden_size}, kHalf) on x's device,
+    # an >= n_tokens) narrowed to its first n_tokens rows: x.size(0) rows of
+    # x.size(1), float16, row-major (ensure_moe_buffers[_v2], the return of
+    # moe_forward_full[_v2])
+    return torch.empty((x.shape[0], x.shape[1]), dtype=torch.float16, device=x.device)
+
+
+def _moe_prefill_gather_forward_v2_fake(selected_experts, num_experts):
+    # expert_offsets, expert_tokens, pair_to_perm, rows_for_experts: int32 on
+    # selected_experts' device, {num_experts}, {numel}, {numel}, {num_experts}
+    pairs = selected_experts.numel()
+    return [
+        selected_experts.new_empty((n,), dtype=torch.int32)
+        for n in (num_experts, pairs, pairs, num_experts)
+    ]
+
+
+def _moe_forward_gelu_tanh_int4_decode_fake(
+    x,
+    logits,
+    w13_qweight_s4,
+    w13_scales,
+    w2_qweight_s4,
+    w2_scales,
+    per_expert_scale,
+    top_k,
+    n_routed_experts,
+):
+    # torch::empty({n_tokens, hidden_out}, kHalf) on x's device, hidden_out
+    # = w2_qweight_s4.size(1)
+    return torch.empty(
+        (x.shape[0], w2_qweight_s4.shape[1]), dtype=torch.float16, device=x.device
+    )
+
+
+def _moe_forward_tiny_int4_shared_from_logits_fake(
+    x,
+    logits,
+    w13_qweight_s4,
+    w13_scales,
+    w2_qweight_s4,
+    w2_scales,
+    shared_gate_up_weight,
+    shared_down_weight,
+    shared_expert_gate_weight,
+    top_k,
+    num_shared_experts,
+    n_routed_experts,
+):
+    # a ring buffer torch::empty({cap, hidden_size}, kHalf), cap >= n_tokens,
+    # hidden_size = x.size(1), narrowed to its first n_tokens rows
+    return torch.empty((x.shape[0], x.shape[1]), dtype=torch.float16, device=x.device)
+
+
+# op -> (the schema its fake is exact for, the kernel package's module that
+# defines the op, the fake). Sources: intel/llm-scaler b18beee and 25095b4
+# (0.21.0-b3.1) vllm/custom-esimd-kernels-vllm/csrc/moe_batch/moe.sycl
+# (m.def 2457, 2459; ensure_moe_buffers 1478-1498 and _v2 1954-1975;
+# returns 1939, 2439) and csrc/moe_prefill/moe_prefill_int4.sycl (m.def 997,
+# moe_prefill_gather_forward_v2 457-487), csrc/moe_batch/moe_int4.sycl (m.def
+# 3906, 3913; moe_forward_gelu_tanh_int4_decode 3832-3893;
+# moe_forward_tiny_cutlass_nmajor_int4_full_fp16_shared[_from_logits]
+# 2684-2794, 2795-2866, the ring 1408-1444).
+_MOE_FULL = (
+    "(Tensor x, Tensor logits, Tensor gate_up_weight, Tensor gate_up_scale, "
+    "Tensor shared_gate_up_weight, Tensor shared_gate_up_scale, "
+    "Tensor down_weight, Tensor down_scale, Tensor shared_down_weight, "
+    "Tensor shared_down_scale, Tensor shared_expert_gate_weight, int top_k, "
+    "int num_shared_experts, int n_routed_experts) -> Tensor"
+)
+_GATHER = "(Tensor selected_experts, int num_experts) -> Tensor[]"
+_INT4_DECODE = (
+    "(Tensor x, Tensor logits, Tensor w13_qweight_s4, Tensor w13_scales, "
+    "Tensor w2_qweight_s4, Tensor w2_scales, Tensor per_expert_scale, "
+    "int top_k, int n_routed_experts) -> Tensor"
+)
+_INT4_TINY = (
+    "(Tensor x, Tensor logits, Tensor w13_qweight_s4, Tensor w13_scales, "
+    "Tensor w2_qweight_s4, Tensor w2_scales, Tensor shared_gate_up_weight, "
+    "Tensor shared_down_weight, Tensor shared_expert_gate_weight, int top_k, "
+    "int num_shared_experts, int n_routed_experts) -> Tensor"
+)
+KERNEL_FAKES: dict[str, tuple[str, str, Callable]] = {
+    "moe_ops::moe_forward_full": (
+        "moe_ops::moe_forward_full" + _MOE_FULL,
+        "custom_esimd_kernels_vllm.moe_ops",
+        _moe_forward_full_fake,
+    ),
+    "moe_ops::moe_forward_full_v2": (
+        "moe_ops::moe_forward_full_v2" + _MOE_FULL,
+        "custom_esimd_kernels_vllm.moe_ops",
+        _moe_forward_full_fake,
+    ),
+    "moe_int4_prefill_ops::moe_prefill_gather_forward_v2": (
+        "moe_int4_prefill_ops::moe_prefill_gather_forward_v2" + _GATHER,
+        "custom_esimd_kernels_vllm.moe_int4_prefill_ops",
+        _moe_prefill_gather_forward_v2_fake,
+    ),
+    "moe_int4_ops::moe_forward_gelu_tanh_int4_decode": (
+        "moe_int4_ops::moe_forward_gelu_tanh_int4_decode" + _INT4_DECODE,
+        "custom_esimd_kernels_vllm.moe_int4_ops",
+        _moe_forward_gelu_tanh_int4_decode_fake,
+    ),
+    "moe_int4_ops::moe_forward_tiny_cutlass_nmajor_int4_full_fp16_shared_from_logits": (
+        "moe_int4_ops::moe_forward_tiny_cutlass_nmajor_int4_full_fp16_shared_from_logits"
+        + _INT4_TINY,
+        "custom_esimd_kernels_vllm.moe_int4_ops",
+        _moe_forward_tiny_int4_shared_from_logits_fake,
+    ),
+}
+# op -> what register_kernel_fakes() did: "ours" (our fake registered),
+# "theirs" (it had one: kept), "differs: <live schema>" (left as it is),
+# "failed: <why>", "absent" (the kernels of this process do not have it:
+# tried again at the next call)
+kernel_fakes: dict[str, str] = {}
+
+
+def _live_op(op: str, module: str) -> torch._ops.OpOverload | None:
+    namespace, _, name = op.partition("::")
+    package = module.partition(".")[0]
+    if not hasattr(getattr(torch.ops, namespace), name) and package in sys.modules:
+        try:  # the loaded package's module that defines it (a model loads
+            # it late: Gemma 4's moe_int4_prefill_ops)
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - not this build's
+            return None
+    packet = getattr(getattr(torch.ops, namespace), name, None)
+    return getattr(packet, "default", None)
+
+
+def _has_fake(op: str) -> bool:
+    """Whether the op has a fake (torch.library's) or a Meta kernel."""
+    from torch._library.simple_registry import singleton
+
+    if singleton.find(op).fake_impl.kernel is not None:
+        return True
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, "Meta")
+
+
+def register_kernel_fakes() -> dict[str, str]:
+    """Give each op of KERNEL_FAKES that exists and has no fake its fake, if
+    its live schema is the one the fake is written for; returns what was
+    done to each (``kernel_fakes``). Never raises."""
+    for op, (schema, module, fake) in KERNEL_FAKES.items():
+        if kernel_fakes.get(op, "absent") != "absent":
+            continue
+        live = _live_op(op, module)
+        if live is None:
+            kernel_fakes[op] = "absent"
+            continue
+        if str(live._schema) != schema:
+            kernel_fakes[op] = f"differs: {live._schema}"
+            logger.warning(
+                "Not registering a fake for %s: its schema is %r, the fake "
+                "was written for %r; the op keeps what it has, and a "
+                "compiled forward that calls it may fail",
+                op,
+                str(live._schema),
+                schema,
+            )
+            continue
+        if _has_fake(op):  # the tree's (a later registration would win)
+            kernel_fakes[op] = "theirs"
+            continue
+        try:
+            torch.library.register_fake(op, fake)
+            kernel_fakes[op] = "ours"
+        except RuntimeError as e:  # never break vLLM's start-up
+            kernel_fakes[op] = f"failed: {e}"
+            logger.warning("Could not register a fake for %s: %s", op, e)
+    return dict(kernel_fakes)
 
 
 def register_opaque_calls() -> None:

@@ -207,7 +207,7 @@ class Result:
     @property
     def failing(self) -> bool:
         model_fails = any(model_report.failing(m) for m in self.models or [])
-        lies = bool(self.truth and self.truth.failing)
+        lies = bool(self.truth and (self.truth.failing or self.truth.unfaked))
         return (
             any(r.failing for r in self.reports)
             or bool(self.reached)
@@ -319,8 +319,12 @@ def audit(
                 "callee at start-up (its contracts read from its files"
                 + (", not run: --static)" if state is None else ")")
             )
+            text = module.read_text()
             routing = schematruth.Routing(
-                schematruth.contracts_of(module.read_text()), by, False
+                schematruth.contracts_of(text),
+                by,
+                False,
+                schematruth.kernel_fakes_of(text),
             )
     result.image = images.recognise(found.root)
     result.truth = schematruth.check(
@@ -441,7 +445,14 @@ def table(found: tree.Tree, result: Result) -> str:
     failing = [r.op for r in reports if r.failing]
     reached = result.reached
     lies = result.truth.failing if result.truth is not None else []
+    unfaked = result.truth.unfaked if result.truth is not None else []
     lines.append("")
+    if unfaked:
+        ops = ", ".join(dict.fromkeys(c.op for c, _ in unfaked))
+        lines.append(
+            f"FAIL: {len(unfaked)} traced call(s) of kernel ops without a fake "
+            f"(compiling stops there): {ops}"
+        )
     if lies:
         lines.append(
             f"FAIL: {len(lies)} op(s) whose schema lies about what the kernel "
@@ -459,12 +470,12 @@ def table(found: tree.Tree, result: Result) -> str:
             f"trace: {callees}"
         )
     warnings = result.warnings
-    if not failing and not reached and not lies and warnings:
+    if not failing and not reached and not lies and not unfaked and warnings:
         lines.append(
             f"WARN: nothing on the traced path fails, but {len(warnings)} "
             "thing(s) were not checked or lie elsewhere: " + "; ".join(warnings)
         )
-    elif not failing and not reached and not lies:
+    elif not failing and not reached and not lies and not unfaked:
         rebound = [f for f in result.untraceable if f.reached and f.callee in covered]
         truth = result.truth
         elsewhere = len(truth.ops) if truth is not None else 0

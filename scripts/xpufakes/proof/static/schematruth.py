@@ -99,6 +99,9 @@ class Routing:
     contracts: dict[str, tuple]
     by: str
     in_tree: bool
+    # the fakes it registers on kernel ops that have none (KERNEL_FAKES):
+    # op -> the schema each is written for (registered only for that one)
+    kernel_fakes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -180,6 +183,10 @@ class Truth:
     # where those traced calls are (the contracts' sites), and each op's facts
     refused_sites: list["Site"] = field(default_factory=list)
     alias_facts: dict[str, Facts] = field(default_factory=dict)
+    # traced calls of a kernel package's ops that have no fake (the tree's,
+    # the fix's for the op's schema): compiling stops at them ("Operator
+    # does not support running with fake tensors"), each with why
+    unfaked: list[tuple[treeops.Call, str]] = field(default_factory=list)
     seconds: float = 0.0  # wall clock
     cpu_seconds: float = 0.0  # this process's CPU time
 
@@ -351,6 +358,50 @@ def contracts_of(text: str) -> dict[str, tuple]:
     return {}
 
 
+def _string(node: ast.AST, strings: dict[str, str]) -> str | None:
+    """A string literal, a module-level string constant by name, or a sum
+    of those; None for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return strings.get(node.id)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _string(node.left, strings), _string(node.right, strings)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def kernel_fakes_of(text: str) -> dict[str, str]:
+    """vllm/_xpu_opaque_calls.py's KERNEL_FAKES (the series' or the
+    plugin's copy), read from its source: op -> the schema its fake is
+    written for (a key or schema not spelled as strings is left out)."""
+    try:
+        body = ast.parse(text).body
+    except SyntaxError:
+        return {}
+    strings: dict[str, str] = {}
+    found: dict[str, str] = {}
+    for node in body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if not isinstance(target, ast.Name) or node.value is None:
+                continue
+            value = _string(node.value, strings)
+            if value is not None:
+                strings[target.id] = value
+            elif target.id == "KERNEL_FAKES" and isinstance(node.value, ast.Dict):
+                for key, entry in zip(node.value.keys, node.value.values, strict=True):
+                    op = _string(key, strings) if key is not None else None
+                    schema = (
+                        _string(entry.elts[0], strings)
+                        if isinstance(entry, ast.Tuple) and entry.elts
+                        else None
+                    )
+                    if op is not None and schema is not None:
+                        found[op] = schema
+    return found
+
+
 def _routed_schema(op: str, params, mutates, returns: str) -> str:
     marked = []
     for i, param in enumerate(params):
@@ -394,6 +445,45 @@ def _gaps(truth: "OpTruth", contract: tuple) -> list[str]:
     if not mutates and any(x.kind == "c" for x in truth.lies):
         gaps.append(f"(c) vllm::{op} marks nothing")
     return gaps
+
+
+def _unfaked(calls, facts, fakes_of, routings, aliasing) -> list:
+    """The calls of a kernel package's ops (an image's, esimd_schemas.toml)
+    that no fake covers: the op has none in the tree, and the fix's
+    (KERNEL_FAKES) is absent or written for another schema: (call, why)."""
+    found = []
+    for call in calls:
+        f = facts.get(call.op)
+        if (
+            f is None
+            or f.own is not None
+            or not f.where.startswith("llm-scaler")
+            or call.op in fakes_of
+            or call in aliasing
+            # torch makes the fake of an op that marks what it writes and
+            # returns nothing (torch/_library/utils.py
+            # can_generate_trivial_fake_impl)
+            or (f.schema.marked and f.schema.returns_nothing)
+        ):
+            continue
+        ours = [
+            (r.by, r.kernel_fakes[call.op])
+            for r in routings
+            if call.op in r.kernel_fakes
+        ]
+        exact = [by for by, schema in ours if schema.partition("::")[2] == f.text]
+        if exact:
+            continue
+        if ours:
+            by, schema = ours[0]
+            why = (
+                f"{by} has a fake of it written for {schema}, which the image's "
+                f"schema is not ({f.where}: {f.text}): not registered"
+            )
+        else:
+            why = "neither the tree nor the fix registers a fake of it"
+        found.append((call, why))
+    return found
 
 
 def _routed_by_plugin(call: treeops.Call, routings, wrappers) -> bool:
@@ -444,6 +534,7 @@ def check(
                 contracts_of(texts[ROUTING_MODULE]),
                 f"the series' {ROUTING_MODULE}",
                 True,
+                kernel_fakes_of(texts[ROUTING_MODULE]),
             )
         )
     if plugin is not None and PATCHED_MODULE not in texts:
@@ -573,7 +664,10 @@ def check(
         and facts[c.op].schema.returned_aliases()
         and not _routed_by_plugin(c, routings, wrappers)
     ]
-    placed = _place(lying, by_op, unknown + aliasing, texts, source, fixed)
+    unfaked = _unfaked(calls, facts, fakes_of, routings, aliasing)
+    placed = _place(
+        lying, by_op, unknown + aliasing + [c for c, _ in unfaked], texts, source, fixed
+    )
     reached = [site.call for site in placed]
     split = pathconditions.splitting_ops(texts)
     for o in lying:
@@ -585,6 +679,7 @@ def check(
     truth.refused = [c for c in aliasing if c in reached]
     truth.refused_sites = [site for site in placed if site.call in aliasing]
     truth.alias_facts = {c.op: facts[c.op] for c in truth.refused}
+    truth.unfaked = [(c, why) for c, why in unfaked if c in reached]
     truth.seconds = time.monotonic() - start
     truth.cpu_seconds = time.process_time() - cpu
     return truth
@@ -921,6 +1016,12 @@ def lines(truth: Truth) -> list[str]:
             "refuses a custom op whose output has an alias annotation (torch "
             "2.13), so compiling it fails (loud, not wrong)"
         )
+    for call, why in truth.unfaked:
+        said.append(
+            f"FAIL: {call.op}: called on the traced path ({call.file}:{call.line}) "
+            f"and has no fake: {why}; compiling stops there (Operator does not "
+            "support running with fake tensors)"
+        )
     for call in truth.unknown:
         said.append(
             f"warn: {call.op}: called on the traced path ({call.file}:{call.line}) "
@@ -953,6 +1054,7 @@ def to_json(truth: Truth) -> dict:
         "warnings": truth.warnings,
         "unknown": [f"{c.op} {c.file}:{c.line}" for c in truth.unknown],
         "alias_returns_refused": [f"{c.op} {c.file}:{c.line}" for c in truth.refused],
+        "no_fake": [f"{c.op} {c.file}:{c.line}: {why}" for c, why in truth.unfaked],
         "ops": [
             {
                 "op": o.op,

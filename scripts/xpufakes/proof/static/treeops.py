@@ -503,7 +503,12 @@ def _fake_call(module, node, path, scope, module_strings, forwarders, fakes) -> 
         return
     fake = node.args[fake_at]
     if isinstance(fake, ast.Name):
-        fake = module.functions.get(_function(module, scope, fake.id), fake)
+        # a function of the module, or one defined in the registering
+        # function (esimd_fake_ops.py's `def _qkv_split_norm_rope` inside
+        # register_esimd_fakes)
+        nested = module.nested_function(scope, fake.id) if scope else None
+        named = nested or _function(module, scope, fake.id)
+        fake = module.function_node(named) or fake
     if isinstance(fake, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
         fakes.append(
             Fake(op.split("(")[0], path, node.lineno, _params(fake), returns_of(fake))
@@ -640,6 +645,8 @@ def calls(
                         continue
                 elif not dotted or head not in resolver.locals_of(module, qual):
                     continue
+            # one call of each op the callee may be (`f = a if c else b`)
+            ops_here: set[str] = set()
             for target in sorted(resolver.resolve(module, qual, node.func)):
                 got = resolver.op_of(target)
                 if got is None:
@@ -647,12 +654,14 @@ def calls(
                 op, wrapper = got
                 if op not in known.schemas and op.split("::")[0] not in namespaces:
                     continue
+                if op in ops_here:
+                    continue
+                ops_here.add(op)
                 call = _call(
                     op, wrapper, node, function, path, module, qual, dotted, known
                 )
                 call.target = target
                 found.append(call)
-                break
     return found
 
 
