@@ -20,7 +20,8 @@ import math
 import pytest
 import torch
 
-from xpufakes.proof.xpu import esimd_kernels, esimd_moe_kernels as moe
+from xpufakes.proof.xpu import esimd_kernels
+from xpufakes.proof.xpu import esimd_moe_kernels as moe
 
 TOLERANCE = {"rtol": 4e-3, "atol": 4e-3}  # fp16 results vs float64 math
 
@@ -72,6 +73,10 @@ def decoded(weight: torch.Tensor, dtype: torch.dtype) -> list:
     values = weight.view(torch.uint8).view(dtype).double()
     small = values.abs() < SMALLEST_NORMAL[dtype]
     return torch.where(small, torch.zeros_like(values), values).tolist()
+
+
+def _dot(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
 
 
 def _silu(v: float) -> float:
@@ -166,19 +171,19 @@ def moe_full_math(
         for e in chosen:
             w = probs[e] / total
             cols = list(zip(*gu[e], strict=True))  # [2I][H]
-            gate = [sum(a * b for a, b in zip(xt, c)) * gus[e] for c in cols[first]]
-            up = [sum(a * b for a, b in zip(xt, c)) * gus[e] for c in cols[second]]
+            gate = [_dot(xt, c) * gus[e] for c in cols[first]]
+            up = [_dot(xt, c) * gus[e] for c in cols[second]]
             act = [_silu(a) * b for a, b in zip(gate, up, strict=True)]
             for j in range(h):
                 y[j] += w * ds[e] * sum(act[n] * d[e][n][j] for n in range(i))
         for s in range(shared):
             rows = sgu[s]  # [2I][H]
-            gate = [sum(a * b for a, b in zip(xt, r)) * sgus[s] for r in rows[first]]
-            up = [sum(a * b for a, b in zip(xt, r)) * sgus[s] for r in rows[second]]
+            gate = [_dot(xt, r) * sgus[s] for r in rows[first]]
+            up = [_dot(xt, r) * sgus[s] for r in rows[second]]
             act = [_silu(a) * b for a, b in zip(gate, up, strict=True)]
-            g = _sigmoid(sum(a * b for a, b in zip(xt, sgw[s]))) if shared_gate else 1.0
+            g = _sigmoid(_dot(xt, sgw[s])) if shared_gate else 1.0
             for j in range(h):
-                y[j] += g * sds[s] * sum(a * b for a, b in zip(act, sd[s][j]))
+                y[j] += g * sds[s] * _dot(act, sd[s][j])
         out.append(y)
     return torch.tensor(out, dtype=torch.float64)
 
@@ -359,8 +364,8 @@ def up_math(
     rows = []
     for p, e in enumerate(flat):
         xt = xs[p // top_k]
-        gate = [s[e] * sum(a * b for a, b in zip(xt, gu[e][n])) for n in gate_rows]
-        up = [s[e] * sum(a * b for a, b in zip(xt, gu[e][n])) for n in up_rows]
+        gate = [s[e] * _dot(xt, gu[e][n]) for n in gate_rows]
+        up = [s[e] * _dot(xt, gu[e][n]) for n in up_rows]
         rows.append([act(a) * b for a, b in zip(gate, up, strict=True)])
     out = torch.tensor(rows, dtype=torch.float64)
     return out[v["tokens"].long()] if slot_order else out
@@ -376,9 +381,7 @@ def down_math(v, weighted=True, slot_order=False) -> torch.Tensor:
     rows = []
     for p, e in enumerate(flat):
         w = (rw[p] if weighted else 1.0) * s[e]
-        rows.append(
-            [w * sum(a * b for a, b in zip(d[e][j], inter[p])) for j in range(h)]
-        )
+        rows.append([w * _dot(d[e][j], inter[p]) for j in range(h)])
     out = torch.tensor(rows, dtype=torch.float64)
     return out[v["tokens"].long()] if slot_order else out
 
@@ -464,7 +467,7 @@ def test_grouped_rows_do_not_depend_on_the_order_within_an_expert():
     v = _grouped_inputs(seed=6)
     offsets = v["offsets"].tolist() + [v["tokens"].numel()]
     shuffled = v["tokens"].clone()
-    for start, end in zip(offsets, offsets[1:]):
+    for start, end in zip(offsets[:-1], offsets[1:], strict=True):
         shuffled[start:end] = shuffled[start:end].flip(0)
     assert not torch.equal(shuffled, v["tokens"])
     other = dict(v, tokens=shuffled)

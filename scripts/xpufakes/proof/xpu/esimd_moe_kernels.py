@@ -279,10 +279,14 @@ def moe_forward_full(
     [E]) rounded to fp16, then (that @ D_e) * (w * d_e) (down [E, I, H])
     rounded to fp16; each shared expert (gate_up [S, 2I, H], down [S, H,
     I], scales [S] read fp32, used as fp16) the same with silu, times
-    sigmoid(x . shared_expert_gate_weight[sid]); the fp16 routed rows
-    and the unrounded shared sums added in fp32 (moe_down_finalize, :1386),
-    fp16. fp8 decoding: E4M3 for a float8_e4m3fn gate_up_weight, E5M2
-    otherwise (uint8 too), subnormals flushed (fp8_to_half). Checks: x
+    sigmoid(x . shared_expert_gate_weight[sid]) (Qwen3-Next passes vLLM
+    0.21.0's XPU layouts as they are, w13 [E, H, 2I], w2 [E, I, H]: the
+    image's vllm patch, esimd_utils.py's comment on moe_forward_full; the
+    bytes are read in the kernel's layout whatever the shape); the fp16
+    routed rows and the unrounded shared sums added in fp32
+    (moe_down_finalize, :1386), fp16. fp8 decoding: E4M3 for a
+    float8_e4m3fn gate_up_weight, E5M2 otherwise (uint8 too), subnormals
+    flushed (fp8_to_half). Checks: x
     fp16 (:1862), the scales fp32 (data_ptr<float>()). Returns [T, H] fp16
     (the C++: a narrow of its persistent s_final_output, :1942). H and I
     multiples of 64 are what the kernels compute whole."""
