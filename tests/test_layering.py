@@ -51,7 +51,7 @@ LAYERS = {
         "scan schematruth",
     ],
     "proof.xpu": [
-        "uncomputed",
+        "uncomputed esimd_moe_kernels",
         "cpu_kernels builtin device quantize_convert_standin esimd_kernels defining",
         "gdn_core",
         "moe_kernels fused_moe_standin image_kernels ipex_moe",

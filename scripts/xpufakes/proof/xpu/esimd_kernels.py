@@ -9,13 +9,17 @@ to the buffer's dtype. Every ESIMD op data/schema_contracts.toml names on
 llm-scaler b18beee's traced path (the 21 whose schemas hide a write there,
 esimd_moe_topk under ENABLE_MOE_ESIMD_ROUTING=1) has one, and so has
 esimd_qkv_split_norm_rope (Qwen3-Next's full attention at decode, read from
-25095b4's C++); an op without one (esimd_gdn_conv_fused,
+25095b4's C++), and so have the MoE ops of Qwen3-Next and Gemma 4 at decode
+(moe_forward_full, _v2, the grouped fp8 ones and their gather:
+esimd_moe_kernels.py, 25095b4); an op without one (esimd_gdn_conv_fused,
 esimd_gdn_conv_fused_seq, 25095b4's esimd_gemv_fp16_gelu_mul, ...) has a
 stand-in that raises, naming it (esimd.py)."""
 
 from collections.abc import Callable
 
 import torch
+
+from xpufakes.proof.xpu import esimd_moe_kernels
 
 # where each kernel is (b18beee, vllm/custom-esimd-kernels-vllm/)
 SOURCES = {
@@ -42,6 +46,8 @@ SOURCES = {
     "esimd_rms_norm_gated": "csrc/xpu/esimd_kernel.sycl:467",
     # 25095b4 (host :241; the op: torch_extension.cc:68)
     "esimd_qkv_split_norm_rope": "csrc/xpu/esimd_kernels/qkv_split_norm_rope.h:23",
+    # 25095b4's MoE ops of Qwen3-Next and Gemma 4 at decode (esimd_moe_kernels.py)
+    **esimd_moe_kernels.SOURCES,
 }
 
 
@@ -746,4 +752,11 @@ REFERENCES: dict[str, Callable] = {
     "esimd_resadd_norm_gemv_int4_pert": resadd_norm_gemv_int4_pert,
     "esimd_rms_norm_gated": rms_norm_gated,
     "esimd_qkv_split_norm_rope": qkv_split_norm_rope,
+    # 25095b4's MoE ops (moe_ops::, moe_int4_prefill_ops::): esimd_moe_kernels.py
+    "moe_forward_full": esimd_moe_kernels.moe_forward_full,
+    "moe_forward_full_v2": esimd_moe_kernels.moe_forward_full_v2,
+    "moe_prefill_gather_forward_v2": esimd_moe_kernels.moe_prefill_gather_forward_v2,
+    "moe_up_fp8_grouped": esimd_moe_kernels.moe_up_fp8_grouped,
+    "moe_down_fp8_grouped": esimd_moe_kernels.moe_down_fp8_grouped,
+    "moe_forward_full_fp8_grouped": esimd_moe_kernels.moe_forward_full_fp8_grouped,
 }
