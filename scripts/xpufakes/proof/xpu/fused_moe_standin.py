@@ -5,16 +5,22 @@ MoE path imports (vllm/model_executor/layers/fused_moe/experts/xpu_moe.py:
 XpuFusedMoe, fused_moe_activation), calling the package's torch ops in the
 package's order (fused_moe_interface.py@3cab97a: XpuFusedMoe._apply_kernel
 :431-513), so that the ops' CPU kernels (moe_kernels.py) compute what the
-device would. What is not stood in (int4, mxfp4 -- gpt_oss_mxfp4 reaches
-it --, mxfp8 and block fp8 experts, expert parallelism, the package's
-reference path) raises, naming it."""
+device would: fp8 (one scale per expert), 16-bit and MXFP4 experts (e2m1
+[E, N, K / 2] with e8m0 scales per 32, gpt-oss's, with its swigluoai
+activation). What is not stood in (int4, mxfp8 and block fp8 experts,
+expert parallelism, the package's reference path) raises, naming it."""
 
 import torch
 
 from xpufakes.proof.xpu.uncomputed import NoCPUReference
 
 # fused_moe_interface.py@3cab97a:95 (fused_moe_activation), :358 (act_func)
-_ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul"}
+# and :361 (swigluoai: gpt-oss's, with its default alpha and limit)
+_ACTIVATIONS = {
+    "silu": "silu_and_mul",
+    "gelu": "gelu_and_mul",
+    "swigluoai": "swigluoai_and_mul",
+}
 
 
 def _refused(what: str):
@@ -39,7 +45,8 @@ def fused_moe_activation(act_output, gemm1_output, activation) -> None:
 
 class XpuFusedMoe:
     """The experts of one MoE layer: fp8 (one scale per expert) or 16-bit
-    weights [E, K, N], as the package lays them out for its grouped GEMM."""
+    weights [E, K, N], as the package lays them out for its grouped GEMM, or
+    MXFP4 ones [E, N, K / 2] with their scales [E, N, K / 32]."""
 
     def __init__(
         self,
@@ -61,17 +68,19 @@ class XpuFusedMoe:
         is_mxfp8=False,
         is_block_fp8=False,
     ):
-        if is_int4 or is_mxfp4 or is_mxfp8 or is_block_fp8:
-            _refused("int4, mxfp4, mxfp8 or block-fp8 experts")
+        if is_int4 or is_mxfp8 or is_block_fp8:
+            _refused("int4, mxfp8 or block-fp8 experts")
         if ep_size > 1 or expert_map is not None:
             _refused("expert parallelism")
         if w13.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and not is_fp8:
             _refused("fp8 weights without is_fp8")
         assert w13.is_contiguous() and w2.is_contiguous()
-        self.inter_size = w13.shape[-1] // 2  # [E, K, N]
+        # [E, K, N]; MXFP4 [E, N, K / 2] (fused_moe_interface.py@3cab97a:309)
+        self.inter_size = w13.shape[-2 if is_mxfp4 else -1] // 2
+        self.is_mxfp4 = bool(is_mxfp4)
         self.w13, self.w2 = w13, w2
-        self.w13_scales = w13_scales if is_fp8 else None
-        self.w2_scales = w2_scales if is_fp8 else None
+        self.w13_scales = w13_scales if (is_fp8 or is_mxfp4) else None
+        self.w2_scales = w2_scales if (is_fp8 or is_mxfp4) else None
         self.w13_bias, self.w2_bias = w13_bias, w2_bias
         self.top_k = n_experts_per_token
         self.act_func = _activation_op(activation)
@@ -119,5 +128,5 @@ class XpuFusedMoe:
     def _gemm(self, a, b, scales, bias, d, rows_per_expert, n, k) -> None:
         torch.ops._xpu_C.cutlass_grouped_gemm_interface(
             a, b, scales, bias, d, rows_per_expert, n, k, self.num_experts,
-            False, False,
+            False, self.is_mxfp4,
         )  # fmt: skip

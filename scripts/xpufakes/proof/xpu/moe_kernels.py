@@ -3,9 +3,9 @@ image: data/xpu_moe_ops.toml), torch only: each takes the op's arguments in
 its schema's order, refuses what the C++ refuses (TORCH_CHECK: its
 refusals are the kernel's), writes exactly the buffers the C++ writes, in
 place, and returns what the C++ returns. The math is the C++'s, small:
-fp32 accumulation, the result cast to the buffer's dtype. What no catalog
-model reaches (int4, mxfp4 and block-fp8 experts, expert parallelism's
-map) raises, naming it."""
+fp32 accumulation, the result cast to the buffer's dtype. MXFP4 experts
+(gpt_oss_mxfp4) are computed; what no catalog model reaches (int4 and
+block-fp8 experts, expert parallelism's map) raises, naming it."""
 
 from collections.abc import Callable
 
@@ -20,7 +20,8 @@ SOURCES = {
     ":54-92, rows by expert :233-243, copy :262-274, the map written :321-325)",
     "_xpu_C::cutlass_grouped_gemm_interface": "csrc/xpu/grouped_gemm/xe_2/"
     "grouped_gemm_xe2_interface.hpp:162 (checks :181-222, fp8: one scale per "
-    "expert :301-309, returns ptr_D :371)",
+    "expert :301-309, mxfp4: [E, N, K / 2] and e8m0 scales per group :203, "
+    ":246-289, gemm_xe2.hpp:395, returns ptr_D :371)",
     "_moe_C::moe_gather": "csrc/moe/moe_gather.cpp:160 (the weighted sum :63-85)",
 }
 
@@ -121,6 +122,71 @@ def remap_hidden_states(
     )
 
 
+# e2m1's magnitudes by code (bit 3 the sign): cutlass float_e2m1_t
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# the group sizes the kernel takes for int4 / mxfp4 scales (:258)
+MX_GROUPS = (32, 64, 128, 256)
+
+
+def dequant_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 [N, K] of one expert's MXFP4 weight: packed [N, K / 2] uint8, two
+    e2m1 values a byte, element 2j in the low nibble of byte j and 2j + 1 in
+    the high (cutlass's sub-byte order, the checkpoint's as the XPU backend
+    keeps it), times its group's e8m0 scale, scales [N, K / group] uint8
+    taken as a float's exponent bits (s << 23: 2^(s - 127); gemm_xe2.hpp:396)."""
+    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float32)
+    low = lut[(packed & 0x0F).long()]
+    high = lut[(packed >> 4).long()]
+    values = torch.stack([low, high], -1).reshape(packed.shape[0], -1)
+    scale = (scales.to(torch.int32) << 23).view(torch.float32)
+    group = values.shape[1] // scales.shape[-1]
+    return values * scale.repeat_interleave(group, -1)
+
+
+def _mxfp4_checks(ptr_A, ptr_B, ptr_scales, ptr_bias, ptr_D, N, K, num_experts):
+    """The C++'s checks of an MXFP4 B ([E, N, K / 2], its scales [E, N,
+    K / group]): grouped_gemm_xe2_interface.hpp:181-262."""
+    _check(N % 32 == 0, "N must be divisible by 32")
+    _check(ptr_A.dim() == 2, "ptr_A must be 2D [Total_M, K]")
+    _check(ptr_B.dim() == 3, "ptr_B must be 3D [num_experts, K, N]")
+    _check(ptr_D.dim() == 2, "ptr_D must be 2D [Total_M, N]")
+    if ptr_bias is not None:
+        _check(ptr_bias.dim() == 2, "ptr_bias must be 2D [num_experts, N]")
+    for name, t in (("ptr_A", ptr_A), ("ptr_B", ptr_B), ("ptr_D", ptr_D)):
+        _check(t.is_contiguous(), f"{name} must be contiguous")
+    _check(ptr_B.size(0) == num_experts, "ptr_B.size(0) must match num_experts")
+    _check(ptr_A.size(0) == ptr_D.size(0), "ptr_A.size(0) must match ptr_D.size(0)")
+    _check(
+        ptr_A.size(1) == ptr_B.size(2) * 2 == K,
+        "ptr_A.size(1) must match ptr_B.size(1)",
+    )
+    _check(
+        ptr_B.size(1) == ptr_D.size(1) == N, "ptr_B.size(2) must match ptr_D.size(1)"
+    )
+    if ptr_bias is not None:
+        _check(
+            ptr_bias.size(0) == num_experts, "ptr_bias.size(0) must match num_experts"
+        )
+        _check(ptr_bias.size(1) == N, "ptr_bias.size(1) must match N")
+    _check(ptr_scales is not None, "w8a16 grouped gemm must have scales")
+    _check(ptr_scales.is_contiguous(), "ptr_scales must be contiguous")
+    _check(
+        ptr_scales.dim() == 3,
+        "ptr_scales of int4 must be 3D [num_experts, group_num, N]",
+    )
+    _check(
+        ptr_scales.size(0) == num_experts,
+        "ptr_scales.size(0) of int4 must match num_experts",
+    )
+    _check(
+        K % ptr_scales.size(2) == 0, "ptr_scales.size(2) of int4 must be divisible by K"
+    )
+    _check(ptr_scales.size(1) == N, "ptr_scales.size(1) of int4 must match N")
+    _check(
+        K // ptr_scales.size(2) in MX_GROUPS, "group_size must be 32, 64, 128 or 256"
+    )
+
+
 def cutlass_grouped_gemm_interface(
     ptr_A,
     ptr_B,
@@ -139,8 +205,22 @@ def cutlass_grouped_gemm_interface(
     in expert order) of ptr_A [M, K] times ptr_B[e] [K, N] (fp8: times
     ptr_scales[e], one scale per expert; 16-bit: no scales) plus
     ptr_bias[e], into the same rows of ptr_D [M, N]; returns ptr_D."""
-    if is_B_int4 or is_B_mxfp4 or is_B_fp8_block:
-        _not_stood_in("cutlass_grouped_gemm_interface with int4, mxfp4 or fp8 blocks")
+    if is_B_int4 or is_B_fp8_block:
+        _not_stood_in("cutlass_grouped_gemm_interface with int4 or fp8 blocks")
+    if is_B_mxfp4:
+        _mxfp4_checks(ptr_A, ptr_B, ptr_scales, ptr_bias, ptr_D, N, K, num_experts)
+        if ptr_A.dtype not in (torch.bfloat16, torch.float16):
+            return ptr_D  # no launcher for it (:283-289): nothing written
+        start = 0
+        for e, count in enumerate(rows_per_expert.tolist()):
+            if count:
+                weight = dequant_mxfp4(ptr_B[e], ptr_scales[e]).t()  # [K, N]
+                rows = ptr_A[start : start + count].float() @ weight
+                if ptr_bias is not None:
+                    rows = rows + ptr_bias[e].float()
+                ptr_D[start : start + count] = rows.to(ptr_D.dtype)
+            start += count
+        return ptr_D
     _check(N % 32 == 0, "N must be divisible by 32")
     _check(ptr_A.dim() == 2, "ptr_A must be 2D [Total_M, K]")
     _check(ptr_B.dim() == 3, "ptr_B must be 3D [num_experts, K, N]")

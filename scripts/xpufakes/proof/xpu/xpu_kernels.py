@@ -36,6 +36,19 @@ from xpufakes.proof.xpu.uncomputed import NoCPUReference
 # __init__, `self.op = torch.ops._C.silu_and_mul`)
 # ---------------------------------------------------------------------------
 
+
+def swigluoai_and_mul(out, input, alpha: float = 1.702, limit: float = 7.0):
+    """gpt-oss's activation (vllm-xpu-kernels 3cab97a csrc/activation.cpp:279,
+    the kernel :317): gate = input[..., 0::2], up = input[..., 1::2]
+    (interleaved), gate clamped above at limit, up to [-limit, limit];
+    out = (up + 1) * gate * sigmoid(gate * alpha), fp32, cast to out's
+    dtype."""
+    x = input.float()
+    gate = x[..., 0::2].clamp(max=limit)
+    up = x[..., 1::2].clamp(-limit, limit)
+    out.copy_((up + 1.0) * gate * torch.sigmoid(gate * alpha))
+
+
 # op -> its CPU kernel (the arguments in the schema's order); the schemas are
 # data (data/xpu_kernels_c.toml, by release), given to define_xpu_kernels_c_ops
 XPU_KERNELS_C: dict[str, Callable] = {
@@ -45,6 +58,7 @@ XPU_KERNELS_C: dict[str, Callable] = {
     "mul_and_silu": mul_and_silu,
     "gelu_and_mul": and_mul(torch.nn.functional.gelu),
     "gelu_tanh_and_mul": and_mul(gelu_tanh),
+    "swigluoai_and_mul": swigluoai_and_mul,
     "gelu_fast": elementwise(gelu_tanh),
     "gelu_new": elementwise(gelu_tanh),
     "gelu_quick": elementwise(lambda x: x * torch.sigmoid(1.702 * x)),
