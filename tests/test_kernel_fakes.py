@@ -48,6 +48,9 @@ OPS = (
     "moe_int4_prefill_ops::moe_prefill_gather_forward_v2",
     "moe_int4_ops::moe_forward_gelu_tanh_int4_decode",
     "moe_int4_ops::moe_forward_tiny_cutlass_nmajor_int4_full_fp16_shared_from_logits",
+    "moe_ops::moe_router_forward",
+    "moe_int4_ops::moe_router_forward_int4",
+    "moe_int4_ops::moe_forward_cutlass_nmajor_int4_full",
 )
 # an op that marks its writes and returns nothing: torch makes its fake
 ONYX = "custom_esimd_kernels_vllm::esimd_qkv_split_norm_rope_onyx"
@@ -98,6 +101,44 @@ def _kernel_and_args(op: str):
         # returned .narrow(0, 0, n_tokens)
         def kernel(x, *rest):
             return torch.zeros(64, x.shape[1], dtype=half).narrow(0, 0, x.shape[0])
+
+        args = (x, logits, w, s, w, s, x, x, x, K, 1, E)
+    elif name == "moe_router_forward":
+        # moe.sycl:318: torch::empty({n_tokens, num_experts}, kHalf),
+        # num_experts = weight.size(0)
+        def kernel(x, weight, scale):
+            return torch.zeros(x.shape[0], weight.shape[0], dtype=half)
+
+        args = (x, torch.zeros(E, H, dtype=torch.uint8), s)
+    elif name == "moe_router_forward_int4":
+        # moe_int4.sycl:171-225: num_experts = weight.size(0) (GGML; a uint8
+        # weight viewed as int32) or weight.numel() / (hidden / 8) (IPEX's
+        # layout); torch::empty({n_tokens, num_experts}, kHalf)
+        def kernel(x, weight, scale, ggml):
+            k_packed = x.shape[1] // 8
+            if ggml:
+                weight = (
+                    weight.view(torch.int32) if weight.dtype == torch.uint8 else weight
+                )
+                experts = weight.shape[0]
+            else:
+                experts = weight.numel() // k_packed
+            return torch.zeros(x.shape[0], experts, dtype=half)
+
+        x = torch.randn(N, 128, dtype=half)
+        args = (
+            x,
+            torch.zeros(128 // 8, E, dtype=torch.int32),
+            torch.ones(1, E, dtype=half),
+            False,
+        )
+    elif name == "moe_forward_cutlass_nmajor_int4_full":
+        # moe_int4.sycl:3702: M <= 32 with a shared expert: the tiny path (a
+        # ring entry {cap, H} narrowed); otherwise torch::empty({M, H}) kHalf
+        def kernel(x, logits, w13, s13, w2, s2, sg, sd, sgw, top_k, shared, experts):
+            if x.shape[0] <= 32 and shared > 0:
+                return torch.zeros(64, x.shape[1], dtype=half).narrow(0, 0, x.shape[0])
+            return torch.zeros(x.shape[0], x.shape[1], dtype=half)
 
         args = (x, logits, w, s, w, s, x, x, x, K, 1, E)
     else:  # esimd_qkv_split_norm_rope_onyx: -> (), writes q_out, k_out, v_out

@@ -850,6 +850,43 @@ def _moe_forward_tiny_int4_shared_from_logits_fake(
     return torch.empty((x.shape[0], x.shape[1]), dtype=torch.float16, device=x.device)
 
 
+def _moe_router_forward_fake(x, weight, scale):
+    # torch::empty({n_tokens, num_experts}, kHalf), num_experts =
+    # weight.size(0)
+    return torch.empty(
+        (x.shape[0], weight.shape[0]), dtype=torch.float16, device=x.device
+    )
+
+
+def _moe_router_forward_int4_fake(x, weight, scale, use_ggml_layout):
+    # torch::empty({n_tokens, num_experts}, kHalf); num_experts is
+    # weight.size(0) in the GGML layout (a uint8 weight viewed as int32
+    # keeps its rows), weight.numel() / (hidden / 8) in IPEX's
+    experts = (
+        weight.shape[0] if use_ggml_layout else weight.numel() // (x.shape[1] // 8)
+    )
+    return torch.empty((x.shape[0], experts), dtype=torch.float16, device=x.device)
+
+
+def _moe_forward_cutlass_nmajor_int4_full_fake(
+    x,
+    logits,
+    w13,
+    w13_scales,
+    w2,
+    w2_scales,
+    shared_gu_w,
+    shared_d_w,
+    shared_gate_w,
+    top_k,
+    num_shared_experts,
+    n_routed_experts,
+):
+    # either path: {M, H} kHalf, M, H = x.size(0), x.size(1) (the tiny
+    # path's ring entry narrowed, or torch::empty({M, H}))
+    return torch.empty((x.shape[0], x.shape[1]), dtype=torch.float16, device=x.device)
+
+
 # op -> (the schema its fake is exact for, the kernel package's module that
 # defines the op, the fake). Sources: intel/llm-scaler b18beee and 25095b4
 # (0.21.0-b3.1) vllm/custom-esimd-kernels-vllm/csrc/moe_batch/moe.sycl
@@ -858,7 +895,10 @@ def _moe_forward_tiny_int4_shared_from_logits_fake(
 # moe_prefill_gather_forward_v2 457-487), csrc/moe_batch/moe_int4.sycl (m.def
 # 3906, 3913; moe_forward_gelu_tanh_int4_decode 3832-3893;
 # moe_forward_tiny_cutlass_nmajor_int4_full_fp16_shared[_from_logits]
-# 2684-2794, 2795-2866, the ring 1408-1444).
+# 2684-2794, 2795-2866, the ring 1408-1444; moe_router_forward_int4
+# 171-230; moe_forward_cutlass_nmajor_int4_full 3702: the tiny path or
+# torch::empty({M, H})), and moe.sycl moe_router_forward (302-320); the same
+# at 0a85564 (moe.sycl:272, moe_int4.sycl:170, 3561).
 _MOE_FULL = (
     "(Tensor x, Tensor logits, Tensor gate_up_weight, Tensor gate_up_scale, "
     "Tensor shared_gate_up_weight, Tensor shared_gate_up_scale, "
@@ -878,7 +918,30 @@ _INT4_TINY = (
     "Tensor shared_down_weight, Tensor shared_expert_gate_weight, int top_k, "
     "int num_shared_experts, int n_routed_experts) -> Tensor"
 )
+_ROUTER = "(Tensor x, Tensor weight, Tensor scale) -> Tensor"
+_ROUTER_INT4 = "(Tensor x, Tensor weight, Tensor scale, bool use_ggml_layout) -> Tensor"
+_INT4_FULL = (
+    "(Tensor x, Tensor logits, Tensor w13, Tensor w13_scales, Tensor w2, "
+    "Tensor w2_scales, Tensor shared_gu_w, Tensor shared_d_w, "
+    "Tensor shared_gate_w, int top_k, int num_shared_experts, "
+    "int n_routed_experts) -> Tensor"
+)
 KERNEL_FAKES: dict[str, tuple[str, str, Callable]] = {
+    "moe_ops::moe_router_forward": (
+        "moe_ops::moe_router_forward" + _ROUTER,
+        "custom_esimd_kernels_vllm.moe_ops",
+        _moe_router_forward_fake,
+    ),
+    "moe_int4_ops::moe_router_forward_int4": (
+        "moe_int4_ops::moe_router_forward_int4" + _ROUTER_INT4,
+        "custom_esimd_kernels_vllm.moe_int4_ops",
+        _moe_router_forward_int4_fake,
+    ),
+    "moe_int4_ops::moe_forward_cutlass_nmajor_int4_full": (
+        "moe_int4_ops::moe_forward_cutlass_nmajor_int4_full" + _INT4_FULL,
+        "custom_esimd_kernels_vllm.moe_int4_ops",
+        _moe_forward_cutlass_nmajor_int4_full_fake,
+    ),
     "moe_ops::moe_forward_full": (
         "moe_ops::moe_forward_full" + _MOE_FULL,
         "custom_esimd_kernels_vllm.moe_ops",
