@@ -447,7 +447,7 @@ def _gaps(truth: "OpTruth", contract: tuple) -> list[str]:
     return gaps
 
 
-def _unfaked(calls, facts, fakes_of, routings, aliasing) -> list:
+def _unfaked(calls, facts, fakes_of, routings, aliasing, wrappers) -> list:
     """The calls of a kernel package's ops (an image's, esimd_schemas.toml)
     that no fake covers: the op has none in the tree, and the fix's
     (KERNEL_FAKES) is absent or written for another schema: (call, why)."""
@@ -460,6 +460,7 @@ def _unfaked(calls, facts, fakes_of, routings, aliasing) -> list:
             or not f.where.startswith("llm-scaler")
             or call.op in fakes_of
             or call in aliasing
+            or _routed_by_plugin(call, routings, wrappers)
             # torch makes the fake of an op that marks what it writes and
             # returns nothing (torch/_library/utils.py
             # can_generate_trivial_fake_impl)
@@ -664,7 +665,7 @@ def check(
         and facts[c.op].schema.returned_aliases()
         and not _routed_by_plugin(c, routings, wrappers)
     ]
-    unfaked = _unfaked(calls, facts, fakes_of, routings, aliasing)
+    unfaked = _unfaked(calls, facts, fakes_of, routings, aliasing, wrappers)
     placed = _place(
         lying, by_op, unknown + aliasing + [c for c, _ in unfaked], texts, source, fixed
     )
