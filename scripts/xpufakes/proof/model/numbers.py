@@ -140,14 +140,35 @@ def verdict(worst: float, scale: float, tolerance: float = TOLERANCE) -> str:
 
 def _backend(choice: list):
     """The compile backend vLLM's decorator is given: torch's backend named
-    by choice[0] at the moment Dynamo hands it a graph."""
+    by choice[0] at the moment Dynamo hands it a graph; the custom ops the
+    graph calls are added to choice[1] (a set, when there is one)."""
 
     def backend(gm, example_inputs):
         from torch._dynamo.backends.registry import lookup_backend
 
+        if len(choice) > 1:
+            choice[1].update(custom_ops(gm))
         return lookup_backend(choice[0])(gm, example_inputs)
 
     return backend
+
+
+# torch's own namespaces: the rest of a graph's ops are the kernels' and vLLM's
+TORCH_NAMESPACES = ("aten", "prims", "_c10d_functional", "higher_order")
+
+
+def custom_ops(gm) -> set[str]:
+    """The "ns::op" of each op of the graph that is not torch's own."""
+    found = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        schema = getattr(node.target, "_schema", None)
+        name = schema.name if schema is not None else ""
+        name = name or getattr(node.target, "_qualified_op_name", "")
+        if "::" in name and name.split("::")[0] not in TORCH_NAMESPACES:
+            found.add(name)
+    return found
 
 
 def attention_that_computes(built) -> int:
@@ -475,14 +496,17 @@ def _cells(built, model, vllm_config, choice, count: int, backends, tree) -> lis
     error and the tree's innermost frames it passed through)."""
     inputs = building.inputs(model, built, count)
     compiled, cells = {}, []
+    ops: dict[str, list[str]] = {}  # backend -> the custom ops its graph calls
     for name in backends:
         begun = time.monotonic()
+        choice[1:] = [set()]
         try:
             compiled[name] = _compiled(built, inputs, vllm_config, choice, name)
         except Exception as e:  # noqa: BLE001 - the cell's result
             cells.append(_failed(count, name, RAISED, e, tree))
         else:
             compiled[name] = (compiled[name], round(time.monotonic() - begun, 1))
+        ops[name] = sorted(choice.pop())
     try:
         eager = _eager(built, inputs, vllm_config)
     except Exception as e:  # noqa: BLE001 - the cell's result
@@ -509,6 +533,9 @@ def _cells(built, model, vllm_config, choice, count: int, backends, tree) -> lis
                     "seconds": seconds,
                 }
             )
+    for cell in cells:
+        if ops.get(cell["backend"]):
+            cell["ops"] = ops[cell["backend"]]
     return sorted(cells, key=lambda c: backends.index(c["backend"]))
 
 
