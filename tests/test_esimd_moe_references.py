@@ -1,19 +1,25 @@
 """The CPU reference kernels of llm-scaler 25095b4's MoE ops (proof/xpu/
 esimd_moe_kernels.py, registered in esimd_kernels.REFERENCES): Qwen3-Next's
-moe_forward_full / _v2 and Gemma 4's grouped fp8 path
+moe_forward_full / _v2, Gemma 4's grouped fp8 path
 (moe_prefill_gather_forward_v2, moe_up_fp8_grouped, moe_down_fp8_grouped,
-moe_forward_full_fp8_grouped), each against its math written out here on
-its own: loops over tiny shapes in float64, fp8 through torch's own float8
-conversion (subnormals read 0, as the kernels' decoders flush them),
+moe_forward_full_fp8_grouped), its per-route fp8 ops
+(moe_forward_full_gelu_tanh, _routed, _routed_no_accum, _routed_decode,
+_decode) and moe_topk, each against its math written out here on its own:
+loops over tiny shapes in float64, fp8 through torch's own float8
+conversion (subnormals read 0 where the kernels' decoders flush them,
+kept for the decode GEMVs, which read them),
 softmax and sorting by hand. A check compares the returned tensor (dtype,
 shape, values) and asserts every argument bitwise as it was. Each check is
 shown able to fail: the same check against known-wrong math (gate and up
 swapped, no renormalization, the shared expert's gate left out, the other
 fp8 decoder, silu for gelu_tanh, rows in the gathered order rather than by
-pair, the routing weight left out, end offsets for start offsets, ...)
-fails. The fp16 roundings inside the kernels (the shared expert's fp16
-products, the grouped ops' fp16 accumulator, v2's fp16 shared row) are
-below the tolerance: moe_forward_full and _v2 pass the same check."""
+pair, the routing weight left out, end offsets for start offsets, no
+per_expert_scale, sorted ids where the heap keeps slots, subnormal weights
+read where they are flushed and the other way, the whole sums where the
+decode GEMVs leave tails out, ...) fails. The fp16 roundings inside the
+kernels (the shared expert's fp16 products, the grouped ops' fp16
+accumulator, v2's fp16 shared row) are below the tolerance:
+moe_forward_full and _v2 pass the same check."""
 
 import math
 
@@ -496,3 +502,353 @@ def test_the_stand_ins_find_them():
     for name in moe.SOURCES:
         assert esimd_kernels.REFERENCES[name].__module__ == moe.__name__
         assert esimd_kernels.SOURCES[name] == moe.SOURCES[name]
+
+
+# --- moe_topk (moe_ops::moe_topk) -------------------------------------------
+
+
+def check_topk(logits, top_k, norm, ids, weights) -> None:
+    """moe_topk returns new (ids int32 [n, top_k] equal to `ids`, weights
+    fp16 [n, top_k] holding `weights` within TOLERANCE); logits unwritten."""
+    before = logits.clone()
+    out = esimd_kernels.REFERENCES["moe_topk"](logits, top_k, norm)
+    assert torch.equal(_bits(logits), _bits(before)), "logits written"
+    assert isinstance(out, tuple) and len(out) == 2
+    got_ids, got_weights = out
+    assert got_ids.dtype == torch.int32 and got_weights.dtype == torch.float16
+    assert got_ids.shape == got_weights.shape == (logits.size(0), top_k)
+    assert got_ids.is_contiguous() and got_weights.is_contiguous()
+    assert torch.equal(got_ids, torch.tensor(ids, dtype=torch.int32)), (got_ids, ids)
+    expected = torch.tensor(weights, dtype=torch.float64)
+    torch.testing.assert_close(got_weights.double(), expected, **TOLERANCE)
+
+
+def topk_math(logits, top_k, norm, order="rank", lowest_on_tie=True):
+    """(ids, weights) as lists: the top_k of the softmax, renormalized with
+    `norm`. order "rank": largest first; "heap": the slots of a heap seeded
+    with experts 0..top_k-1, a larger newcomer taking the slot of the
+    current smallest (the lowest such slot)."""
+    all_ids, all_weights = [], []
+    for row in logits.double().tolist():
+        probs = _softmax(row)
+        if order == "rank":
+            ids = _choose(probs, top_k, lowest_on_tie)
+        else:
+            ids = list(range(top_k))
+            for e in range(top_k, len(probs)):
+                low = min(probs[s] for s in ids)
+                if probs[e] > low:
+                    ids[[probs[s] for s in ids].index(low)] = e
+        total = sum(probs[e] for e in ids) if norm else 1.0
+        all_ids.append(ids)
+        all_weights.append([probs[e] / total for e in ids])
+    return all_ids, all_weights
+
+
+def _spaced_logits(n_tokens, n_experts, seed) -> torch.Tensor:
+    """fp16 logits 8 / n_experts apart, spanning 8 (a permutation per
+    token): every softmax score a distinct normal fp16, even after the heap
+    path's fp16 softmax (no ties there that float64 would not see)."""
+    g = _gen(seed)
+    step = 8.0 / n_experts
+    rows = [
+        torch.randperm(n_experts, generator=g) * step - 4.0 for _ in range(n_tokens)
+    ]
+    return torch.stack(rows).half()
+
+
+def test_moe_topk_v2_ranks_and_renormalizes():
+    """norm with 128 experts, top 8 (Gemma 4's): the V2 kernel, ids largest
+    first, weights renormalized (moe.sycl:1276-1293, moe_ops.h:106-216).
+    Wrong math: no renormalization; the ids in heap-slot order."""
+    logits = (torch.randn(3, 128, generator=_gen(30)) * 2).half()
+    check_topk(logits, 8, True, *topk_math(logits, 8, True))
+    for wrong in ({"norm": False}, {"order": "heap"}):
+        ids, weights = topk_math(logits, 8, **{"norm": True, **wrong})
+        with pytest.raises(AssertionError):
+            check_topk(logits, 8, True, ids, weights)
+
+
+def test_moe_topk_v2_ties_go_to_the_lowest_expert():
+    """10 experts tied at the top, more than top_k: the lowest ids, in
+    ascending order (chunk_argmax_and_zero). Wrong math: the highest."""
+    logits = torch.full((1, 128), -4.0).half()
+    logits[0, 5:125:12] = 2.0  # 10 tied, across both chunks of 64
+    check_topk(logits, 8, True, *topk_math(logits, 8, True))
+    with pytest.raises(AssertionError):
+        check_topk(logits, 8, True, *topk_math(logits, 8, True, lowest_on_tie=False))
+
+
+@pytest.mark.parametrize(
+    ("shape", "norm"), [((32, 4), True), ((32, 4), False), ((128, 8), False)]
+)
+def test_moe_topk_heap_keeps_slot_order(shape, norm):
+    """The heap (moe_topk.h:11-105): any shape without norm, and those not
+    in TOPK_V2 with it: ids in heap-slot order, not sorted; the weights
+    renormalized only with norm. Wrong math: sorted ids; the other norm."""
+    n_experts, top_k = shape
+    assert not (norm and shape in moe.TOPK_V2)  # those take the V2 kernel
+    logits = _spaced_logits(2, n_experts, seed=31)
+    expected = topk_math(logits, top_k, norm, order="heap")
+    assert expected[0] != topk_math(logits, top_k, norm)[0]  # the control differs
+    check_topk(logits, top_k, norm, *expected)
+    for wrong in ({"order": "rank"}, {"norm": not norm, "order": "heap"}):
+        ids, weights = topk_math(logits, top_k, **{"norm": norm, **wrong})
+        with pytest.raises(AssertionError):
+            check_topk(logits, top_k, norm, ids, weights)
+
+
+def test_moe_topk_refuses_what_the_cpp_refuses():
+    logits = _spaced_logits(2, 32, seed=32)
+    with pytest.raises(RuntimeError, match="dim"):
+        moe.moe_topk(logits.view(-1), 4, True)
+    with pytest.raises(RuntimeError, match="kHalf"):
+        moe.moe_topk(logits.float(), 4, True)
+    with pytest.raises(RuntimeError, match="% 16"):
+        moe.moe_topk(logits[:, :24].contiguous(), 4, True)
+    with pytest.raises(RuntimeError, match="top_k <= 32"):
+        moe.moe_topk(logits, 33, False)
+
+
+# --- Gemma 4's per-route fp8 MoE (moe_forward_full_gelu_tanh*) ---------------
+
+
+def decoded_e4m3(weight: torch.Tensor, subnormals: bool) -> list:
+    """float64 nested lists of E4M3 bytes by torch's conversion, the
+    subnormals kept or read 0."""
+    if not subnormals:
+        return decoded(weight, torch.float8_e4m3fn)
+    return weight.view(torch.uint8).view(torch.float8_e4m3fn).double().tolist()
+
+
+def gelu_rows_math(
+    v,
+    ids,
+    weights,
+    subnormals,
+    kh=None,
+    ki=None,
+    act=_gelu_tanh,
+    swap=False,
+) -> torch.Tensor:
+    """float64 [T * top_k, H]: route r (token r // top_k, expert ids[r],
+    weight weights[r]) = weight * ds[e] * D_e [H, I] @ (act(gate) * up),
+    gate and up = gus[e] * (rows 0..I-1 and I..2I-1 of gate_up [E, 2I, H])
+    @ x; only the first kh of H and ki of I taken."""
+    xs = v["x"].double().tolist()
+    h, i = len(xs[0]), v["gu"].size(1) // 2
+    kh, ki = kh or h, ki or i
+    top_k = len(ids) // len(xs)
+    gus, ds = v["gus"].tolist(), v["ds"].tolist()
+    gate_rows, up_rows = (
+        (range(i, 2 * i), range(i)) if swap else (range(i), range(i, 2 * i))
+    )
+    rows = []
+    for r, e in enumerate(ids):
+        gu = decoded_e4m3(v["gu"][e], subnormals)
+        d = decoded_e4m3(v["d"][e], subnormals)
+        xt = xs[r // top_k][:kh]
+        gate = [gus[e] * _dot(xt, gu[n][:kh]) for n in gate_rows]
+        up = [gus[e] * _dot(xt, gu[n][:kh]) for n in up_rows]
+        inter = [act(a) * b for a, b in zip(gate, up, strict=True)][:ki]
+        rows.append([weights[r] * ds[e] * _dot(inter, d[j][:ki]) for j in range(h)])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def per_token(rows: torch.Tensor, top_k: int) -> torch.Tensor:
+    return rows.view(-1, top_k, rows.size(1)).sum(1)
+
+
+def _gelu_inputs(t, h, i, n_experts, seed, weight_scale=1.0, scale=0.1):
+    """x, logits, gate_up [E, 2I, H] and down [E, H, I] fp8 e4m3 (as Gemma
+    4 passes them: w13_weight, w2_weight), per-expert scales [E] fp32,
+    per_expert_scale [E] fp32."""
+    g = _gen(seed)
+    return {
+        "x": (torch.randn(t, h, generator=g) * 0.5).half(),
+        "logits": (torch.randn(t, n_experts, generator=g) * 2).half(),
+        "gu": fp8((n_experts, 2 * i, h), seed + 1, scale=weight_scale),
+        "gus": torch.rand(n_experts, generator=g) * scale + scale,
+        "d": fp8((n_experts, h, i), seed + 2, scale=weight_scale),
+        "ds": torch.rand(n_experts, generator=g) * scale + scale,
+        "pes": torch.rand(n_experts, generator=g) + 0.5,
+    }
+
+
+def _given_routes(t, top_k, n_experts, seed):
+    """(ids int32 [T, top_k], weights fp16 [T, top_k]) for the routed ops."""
+    ids = _selected(t, top_k, n_experts, seed)
+    weights = (torch.rand(t, top_k, generator=_gen(seed)) + 0.2).half()
+    return ids, weights
+
+
+def _routed_args(v, ids, weights):
+    top_k, n_experts = ids.size(1), v["gu"].size(0)
+    return [v["x"], weights, ids, v["gu"], v["gus"], v["d"], v["ds"], top_k, n_experts]
+
+
+def test_gelu_tanh_decode_routes_folds_and_decodes():
+    """moe_forward_full_gelu_tanh_decode at Gemma 4's routing (128 experts,
+    top 8: softmax, top 8, renormalized) times per_expert_scale[id]; the
+    1D-load GEMVs: gelu_tanh(gate) * up of gate_up [E, 2I, H] (gate rows
+    first), down [E, H, I], the rows summed (moe.sycl:2172). Wrong math: no
+    per_expert_scale; no renormalization; gate and up swapped; silu."""
+    t, h, i, n_experts, top_k = 1, 256, 32, 128, 8
+    v = _gelu_inputs(t, h, i, n_experts, seed=40)
+    kernel = esimd_kernels.REFERENCES["moe_forward_full_gelu_tanh_decode"]
+    args = [v["x"], v["logits"], v["gu"], v["gus"], v["d"], v["ds"], v["pes"]]
+    args += [top_k, n_experts]
+
+    def expect(fold=True, norm=True, **wrong):
+        (ids,), (weights,) = topk_math(v["logits"], top_k, norm)
+        pes = v["pes"].tolist()
+        weights = [
+            w * (pes[e] if fold else 1.0) for w, e in zip(weights, ids, strict=True)
+        ]
+        rows = gelu_rows_math(v, ids, weights, subnormals=True, **wrong)
+        return per_token(rows, top_k)
+
+    wrongs = [{"fold": False}, {"norm": False}, {"swap": True}, {"act": _silu}]
+    check_controls(kernel, args, expect, wrongs)
+
+
+@pytest.mark.parametrize(
+    "op",
+    ["moe_forward_full_gelu_tanh_routed", "moe_forward_full_gelu_tanh_routed_decode"],
+)
+def test_gelu_tanh_routed(op):
+    """The routing given (ids int32, weights fp16 [T, top_k], read flat):
+    the DPAS kernels (routed) and the decode GEMVs (routed_decode, one
+    token), the same math. Wrong math: the weights left out; gate and up
+    swapped; silu."""
+    decode = op.endswith("decode")
+    t, h, i, n_experts, top_k = (1, 256, 32, 6, 3) if decode else (3, 64, 32, 6, 3)
+    v = _gelu_inputs(t, h, i, n_experts, seed=41)
+    ids, weights = _given_routes(t, top_k, n_experts, seed=42)
+    kernel = esimd_kernels.REFERENCES[op]
+
+    def expect(weighted=True, **wrong):
+        w = weights.double().view(-1).tolist() if weighted else [1.0] * (t * top_k)
+        flat = ids.view(-1).tolist()
+        return per_token(gelu_rows_math(v, flat, w, decode, **wrong), top_k)
+
+    wrongs = [{"weighted": False}, {"swap": True}, {"act": _silu}]
+    check_controls(kernel, _routed_args(v, ids, weights), expect, wrongs)
+
+
+def test_gelu_tanh_routed_no_accum_gives_the_route_rows():
+    """[T * top_k, H]: row r of route r = token * top_k + k, not summed
+    (moe.sycl:2297). Wrong math: the rows grouped by expert; the weights
+    left out."""
+    t, h, i, n_experts, top_k = 3, 64, 32, 6, 3
+    v = _gelu_inputs(t, h, i, n_experts, seed=43)
+    ids, weights = _given_routes(t, top_k, n_experts, seed=44)
+    kernel = esimd_kernels.REFERENCES["moe_forward_full_gelu_tanh_routed_no_accum"]
+    flat = ids.view(-1).tolist()
+
+    def expect(weighted=True, by_expert=False):
+        w = weights.double().view(-1).tolist() if weighted else [1.0] * len(flat)
+        rows = gelu_rows_math(v, flat, w, subnormals=False)
+        if by_expert:
+            rows = rows[sorted(range(len(flat)), key=lambda r: (flat[r], r))]
+        return rows
+
+    wrongs = [{"weighted": False}, {"by_expert": True}]
+    check_controls(kernel, _routed_args(v, ids, weights), expect, wrongs)
+
+
+def test_gelu_tanh_routes_inside():
+    """moe_forward_full_gelu_tanh: softmax, top_k, renormalized, no
+    per_expert_scale (moe.sycl:2044). Wrong math: no renormalization;
+    silu."""
+    t, h, i, n_experts, top_k = 2, 64, 32, 128, 8
+    v = _gelu_inputs(t, h, i, n_experts, seed=45)
+    kernel = esimd_kernels.REFERENCES["moe_forward_full_gelu_tanh"]
+    args = [v["x"], v["logits"], v["gu"], v["gus"], v["d"], v["ds"], top_k, n_experts]
+
+    def expect(norm=True, **wrong):
+        ids, weights = topk_math(v["logits"], top_k, norm)
+        flat = [e for row in ids for e in row]
+        w = [x for row in weights for x in row]
+        return per_token(gelu_rows_math(v, flat, w, False, **wrong), top_k)
+
+    check_controls(kernel, args, expect, [{"norm": False}, {"act": _silu}])
+
+
+@pytest.mark.parametrize(
+    "op",
+    ["moe_forward_full_gelu_tanh_routed", "moe_forward_full_gelu_tanh_routed_decode"],
+)
+def test_gelu_tanh_subnormal_weights(op):
+    """Weights mostly E4M3 subnormals: the decode GEMVs read them
+    (fp8e4m3_dequant_fast, moe_decode_gemv.h:22), the DPAS kernels flush
+    them to 0 (fp8e4m3_to_half, moe.sycl:33). Wrong math: the other."""
+    decode = op.endswith("decode")
+    t, h, i, n_experts, top_k = 1, 256, 32, 4, 2
+    v = _gelu_inputs(t, h, i, n_experts, seed=46, weight_scale=0.01, scale=20.0)
+    ids, weights = _given_routes(t, top_k, n_experts, seed=47)
+    kernel = esimd_kernels.REFERENCES[op]
+    flat, w = ids.view(-1).tolist(), weights.double().view(-1).tolist()
+
+    def expect(subnormals=decode):
+        return per_token(gelu_rows_math(v, flat, w, subnormals), top_k)
+
+    check_controls(
+        kernel, _routed_args(v, ids, weights), expect, [{"subnormals": not decode}]
+    )
+
+
+def test_gelu_tanh_decode_leaves_out_the_tails():
+    """The decode GEMVs sum H in whole chunks of 256 (no tail) and I in
+    chunks of 256 and one of 32 (moe.sycl:2121, :2141): H 320 and I 48 take
+    the first 256 of H and 32 of I. Wrong math: the whole sums."""
+    t, h, i, n_experts, top_k = 1, 320, 48, 4, 2
+    v = _gelu_inputs(t, h, i, n_experts, seed=48)
+    ids, weights = _given_routes(t, top_k, n_experts, seed=49)
+    kernel = esimd_kernels.REFERENCES["moe_forward_full_gelu_tanh_routed_decode"]
+    flat, w = ids.view(-1).tolist(), weights.double().view(-1).tolist()
+
+    def expect(kh=256, ki=32):
+        return per_token(gelu_rows_math(v, flat, w, True, kh=kh, ki=ki), top_k)
+
+    wrongs = [{"kh": h, "ki": i}, {"kh": h}, {"ki": i}]
+    check_controls(kernel, _routed_args(v, ids, weights), expect, wrongs)
+
+
+def test_gelu_tanh_refuse_what_the_cpp_refuses():
+    v = _gelu_inputs(2, 256, 32, 128, seed=50)
+    one = dict(v, x=v["x"][:1].contiguous(), logits=v["logits"][:1].contiguous())
+    decode = moe.moe_forward_full_gelu_tanh_decode
+
+    def decode_args(w, **change):
+        args = dict(w, **change)
+        keys = ("x", "logits", "gu", "gus", "d", "ds", "pes")
+        return [args[k] for k in keys] + [8, 128]
+
+    with pytest.raises(RuntimeError, match="n_tokens==1"):
+        decode(*decode_args(v))
+    with pytest.raises(RuntimeError, match="kHalf"):
+        decode(*decode_args(one, x=one["x"].float()))
+    with pytest.raises(RuntimeError, match="expected scalar type Float"):
+        decode(*decode_args(one, pes=one["pes"].half()))
+    ids, weights = _given_routes(2, 2, 128, seed=51)
+    routed = moe.moe_forward_full_gelu_tanh_routed
+    with pytest.raises(RuntimeError, match="topk_weights must be fp16"):
+        routed(*_routed_args(v, ids, weights.float()))
+    with pytest.raises(RuntimeError, match="topk_indices must be int32"):
+        routed(*_routed_args(v, ids.long(), weights))
+    with pytest.raises(RuntimeError, match="expected scalar type Float"):
+        routed(*_routed_args(dict(v, ds=v["ds"].double()), ids, weights))
+    with pytest.raises(RuntimeError, match="an expert id outside"):
+        routed(*_routed_args(v, ids + 128, weights))
+    ids, weights = _given_routes(1, 2, 128, seed=52)
+    routed_decode = moe.moe_forward_full_gelu_tanh_routed_decode
+    with pytest.raises(RuntimeError, match="kInt32"):
+        routed_decode(*_routed_args(one, ids.long(), weights))
+    small = _gelu_inputs(1, 256, 16, 4, seed=53)  # I % 256 < 32: reads past
+    ids, weights = _given_routes(1, 2, 4, seed=54)
+    with pytest.raises(RuntimeError, match="reads past"):
+        routed_decode(*_routed_args(small, ids, weights))
+    odd = _gelu_inputs(1, 96, 16, 4, seed=55)  # H % 64: columns left unwritten
+    with pytest.raises(RuntimeError, match="64"):
+        routed(*_routed_args(odd, ids, weights))

@@ -1,19 +1,21 @@
 """CPU reference kernels of intel/llm-scaler's ESIMD ops
 (`custom_esimd_kernels_vllm`, vllm/custom-esimd-kernels-vllm/csrc/xpu/ of
-the image), torch only: each takes the op's arguments in its schema's order,
-checks what the C++ checks (TORCH_CHECK: its refusals are the kernel's),
-writes exactly the buffers the C++ writes (in place, through the tensor the
-caller passed) and returns what the C++ returns (that same tensor, or
-nothing). The math is the C++'s, small: fp32 accumulation, the result cast
-to the buffer's dtype. Every ESIMD op data/schema_contracts.toml names on
-llm-scaler b18beee's traced path (the 21 whose schemas hide a write there,
-esimd_moe_topk under ENABLE_MOE_ESIMD_ROUTING=1) has one, and so has
-esimd_qkv_split_norm_rope (Qwen3-Next's full attention at decode, read from
-25095b4's C++), and so have the MoE ops of Qwen3-Next and Gemma 4 at decode
-(moe_forward_full, _v2, the grouped fp8 ones and their gather:
-esimd_moe_kernels.py, 25095b4); an op without one (esimd_gdn_conv_fused,
-esimd_gdn_conv_fused_seq, 25095b4's esimd_gemv_fp16_gelu_mul, ...) has a
-stand-in that raises, naming it (esimd.py)."""
+the image), torch only: each takes the op's arguments in its schema's
+order, checks what the C++ checks (TORCH_CHECK: its refusals are the
+kernel's), writes exactly the buffers the C++ writes (in place, through the
+tensor the caller passed) and returns what the C++ returns (that same
+tensor, or nothing). The math is the C++'s, small: fp32 accumulation, the
+result cast to the buffer's dtype. Every ESIMD op
+data/schema_contracts.toml names on llm-scaler b18beee's traced path (the
+21 whose schemas hide a write there, esimd_moe_topk under
+ENABLE_MOE_ESIMD_ROUTING=1) has one, and so has esimd_qkv_split_norm_rope
+(Qwen3-Next's full attention at decode, read from 25095b4's C++), and so
+have the MoE ops of Qwen3-Next and Gemma 4 at decode (moe_forward_full,
+_v2, the grouped fp8 ones and their gather, the gelu_tanh per-route ones
+and moe_topk: esimd_moe_kernels.py, 25095b4); an op without one
+(esimd_gdn_conv_fused, esimd_gdn_conv_fused_seq, 25095b4's
+esimd_gemv_fp16_gelu_mul, ...) has a stand-in that raises, naming it
+(esimd.py)."""
 
 from collections.abc import Callable
 
@@ -759,4 +761,18 @@ REFERENCES: dict[str, Callable] = {
     "moe_up_fp8_grouped": esimd_moe_kernels.moe_up_fp8_grouped,
     "moe_down_fp8_grouped": esimd_moe_kernels.moe_down_fp8_grouped,
     "moe_forward_full_fp8_grouped": esimd_moe_kernels.moe_forward_full_fp8_grouped,
+    "moe_topk": esimd_moe_kernels.moe_topk,
+    "moe_forward_full_gelu_tanh": esimd_moe_kernels.moe_forward_full_gelu_tanh,
+    "moe_forward_full_gelu_tanh_routed": (
+        esimd_moe_kernels.moe_forward_full_gelu_tanh_routed
+    ),
+    "moe_forward_full_gelu_tanh_routed_no_accum": (
+        esimd_moe_kernels.moe_forward_full_gelu_tanh_routed_no_accum
+    ),
+    "moe_forward_full_gelu_tanh_routed_decode": (
+        esimd_moe_kernels.moe_forward_full_gelu_tanh_routed_decode
+    ),
+    "moe_forward_full_gelu_tanh_decode": (
+        esimd_moe_kernels.moe_forward_full_gelu_tanh_decode
+    ),
 }

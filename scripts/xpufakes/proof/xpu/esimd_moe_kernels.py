@@ -4,7 +4,10 @@
 one token, moe_forward_full_v2 at more) and Gemma 4 (the expert-grouped fp8
 path: moe_int4_prefill_ops::moe_prefill_gather_forward_v2, then
 moe_ops::moe_up_fp8_grouped and moe_down_fp8_grouped, or
-moe_forward_full_fp8_grouped) reach. Torch only, on the CPU; each takes
+moe_forward_full_fp8_grouped; at one token the per-route fp8 ops,
+moe_ops::moe_forward_full_gelu_tanh_decode or _routed_decode, and their
+routing op moe_ops::moe_topk; at more, moe_forward_full_gelu_tanh and
+_routed, _routed_no_accum) reach. Torch only, on the CPU; each takes
 its op's arguments in schema order, checks what the C++ checks and returns
 a new tensor as the op does (the C++ returns a persistent buffer, or a
 narrow of one: here a fresh contiguous tensor of that shape and dtype).
@@ -31,6 +34,21 @@ SOURCES = {
     ),
     "moe_prefill_gather_forward_v2": (
         "csrc/moe_prefill/moe_prefill_int4.sycl:458 (kernel :41, defined :997)"
+    ),
+    # Gemma 4's per-route fp8 MoE and the routing op
+    "moe_topk": "csrc/moe_batch/moe.sycl:1309 (defined :2447)",
+    "moe_forward_full_gelu_tanh": "csrc/moe_batch/moe.sycl:2044 (defined :2449)",
+    "moe_forward_full_gelu_tanh_routed": (
+        "csrc/moe_batch/moe.sycl:2249 (defined :2451)"
+    ),
+    "moe_forward_full_gelu_tanh_routed_no_accum": (
+        "csrc/moe_batch/moe.sycl:2297 (defined :2450)"
+    ),
+    "moe_forward_full_gelu_tanh_routed_decode": (
+        "csrc/moe_batch/moe.sycl:2096 (moe_decode_gemv.h:47, :102; defined :2452)"
+    ),
+    "moe_forward_full_gelu_tanh_decode": (
+        "csrc/moe_batch/moe.sycl:2172 (fold moe_decode_gemv.h:145; defined :2453)"
     ),
 }
 
@@ -133,14 +151,16 @@ def _topk_v2(logits: torch.Tensor, top_k: int):
     return order, (chosen * (1.0 / total).unsqueeze(-1)).half()
 
 
-def _topk_heap(logits: torch.Tensor, top_k: int):
+def _topk_heap(logits: torch.Tensor, top_k: int, norm: bool = True):
     """moe_topk_forward_kernel_impl (moe_batch/moe_topk.h:11-105), the other
     shapes: softmax in fp16 (scores - max, fp16; exp rounded to fp16, here
     exp in fp32; the sum in fp32, each score times 1 / sum rounded to
-    fp16); a heap of top_k slots seeded with experts 0..top_k-1, each later
+    fp16); a heap of top_k slots seeded with experts 0..top_k-1 (past
+    n_experts: the zeroed padding of 512, :40-42, :62-65), each later
     expert whose score is above the heap's minimum replacing the lowest
-    slot that holds the minimum (fbl); norm: each slot times 1 / (fp32 sum
-    of the slots), fp16. Ids and weights in slot order (not sorted)."""
+    slot that holds the minimum (fbl); norm (:80-91): each slot times 1 /
+    (fp32 sum of the slots), fp16; else the softmax scores as they are.
+    Ids and weights in slot order (not sorted)."""
     rows, n = logits.shape
     lx = logits.half().double()
     shifted = (lx - lx.max(-1, keepdim=True).values).half()
@@ -150,19 +170,22 @@ def _topk_heap(logits: torch.Tensor, top_k: int):
     ids = torch.zeros(rows, top_k, dtype=torch.int64)
     weights = torch.zeros(rows, top_k, dtype=torch.float16)
     for r in range(rows):
-        heap = scores[r, :top_k].tolist()
+        values = scores[r].tolist() + [0.0] * max(0, top_k - n)
+        heap = values[:top_k]
         slot = list(range(top_k))
-        values = scores[r].tolist()
         for i in range(top_k, n):
             low = min(heap)
             if values[i] > low:
                 at = heap.index(low)
                 heap[at], slot[at] = values[i], i
+        ids[r] = torch.tensor(slot, dtype=torch.int64)
+        if not norm:
+            weights[r] = torch.tensor(heap, dtype=torch.float16)
+            continue
         total = torch.zeros((), dtype=torch.float32)
         for v in heap:
             total = total + v
         inv_top = 1.0 / total
-        ids[r] = torch.tensor(slot)
         weights[r] = (torch.tensor(heap, dtype=torch.float32) * inv_top).half()
     return ids, weights
 
@@ -549,3 +572,337 @@ def moe_forward_full_fp8_grouped(
     for k in range(top_k):
         total = total + rows[:, k].float()
     return total.half()
+
+
+# --- moe_topk: the routing as its own op (moe.sycl:1309) ---------------------
+
+
+def moe_topk(logits, top_k, norm):
+    """(topk_idx [n, top_k] int32, topk_weight [n, top_k] fp16), in that
+    order (moe.sycl:1309-1342, std::make_tuple(topk_idx, topk_weight)), of
+    dispatch_moe_topk_forward (:1271): with norm, the V2 kernel for the
+    (n_experts, top_k) of TOPK_V2 (fp32 softmax, ids by descending weight,
+    the lowest id among equal ones: _topk_v2), else the heap (fp16
+    softmax, ids in heap-slot order; renormalized only with norm:
+    _topk_heap). Checks (:1314-1321): dim 2, fp16, n_experts <= 512, a
+    multiple of 16, top_k <= 32."""
+    _check(logits.dim() == 2, "Expected logits.dim() == 2")
+    _check(
+        logits.dtype == torch.float16,
+        "Expected logits.scalar_type() == torch::kHalf",
+    )
+    n_tokens, n_experts = logits.size(0), logits.size(1)
+    _check(n_experts <= 512, "Expected n_experts <= 512")
+    _check(n_experts % 16 == 0, "Expected n_experts % 16 == 0")
+    _check(top_k <= 32, "Expected top_k <= 32")
+    x = _as(logits, torch.float16, n_tokens * n_experts).view(n_tokens, n_experts)
+    if norm and (n_experts, top_k) in TOPK_V2:
+        ids, weights = _topk_v2(x, top_k)
+    else:
+        ids, weights = _topk_heap(x, top_k, norm)
+    return ids.to(torch.int32).contiguous(), weights.contiguous()
+
+
+# --- Gemma 4's per-route fp8 MoE (moe.sycl:1978-2340) ------------------------
+
+
+def fp8e4m3_dequant_fast(raw: torch.Tensor) -> torch.Tensor:
+    """fp32 of E4M3 bytes (uint8) as the decode GEMVs read them
+    (moe_decode_gemv.h:22-42): exponent e != 0: the fp16 of bits sign << 15
+    | (e + 8) << 10 | mantissa << 7 (0x7F reads 480, not NaN); e == 0: the
+    subnormal mantissa * 2^-9, signed (not flushed, unlike fp8_to_half)."""
+    u = raw.to(torch.int32)
+    sign, e, m = (u >> 7) & 1, (u >> 3) & 0xF, u & 0x7
+    bits = (sign << 15) | ((e + 8) << 10) | (m << 7)
+    bits = torch.where(bits >= 0x8000, bits - 0x10000, bits)  # as int16
+    normal = bits.to(torch.int16).view(torch.float16).float()
+    subnormal = m.float() * (1.0 / 512.0)
+    subnormal = torch.where(sign == 1, -subnormal, subnormal)
+    return torch.where(e == 0, subnormal, normal)
+
+
+def _gelu_tanh_2z(g: torch.Tensor) -> torch.Tensor:
+    """0.5 g (1 + tanh(c0 (g + c1 g^3))), tanh = (e^2z - 1) / (e^2z + 1)
+    with 2z clamped to [-30, 30] (moe.sycl:523-537; moe_decode_gemv.h:
+    89-97), fp32."""
+    two_z = (2.0 * (0.7978845608 * (g + 0.044715 * (g * g * g)))).clamp(-30.0, 30.0)
+    e2 = torch.exp(two_z)
+    return 0.5 * g * (1.0 + (e2 - 1.0) / (e2 + 1.0))
+
+
+def _routes(topk_weights, topk_indices, n_routes: int, gate_up_weight):
+    """(expert ids: a list, routing weights fp16 [n_routes]) read flat, route
+    r = token * top_k + k (moe.sycl:470-474, :889-890); the C++ indexes the
+    weights by any id it is given: one outside [0, gate_up_weight.size(0))
+    is refused here."""
+    ids = _as(topk_indices, torch.int32, n_routes).tolist()
+    n_experts = gate_up_weight.size(0)
+    _check(
+        all(0 <= e < n_experts for e in ids),
+        "topk_indices: an expert id outside [0, gate_up_weight.size(0))",
+    )
+    return ids, _as(topk_weights, torch.float16, n_routes)
+
+
+def _gelu_tanh_rows(x, ids, weights, gu_w, gu_s, d_w, d_s, decode: bool):
+    """[T * top_k, H] fp16: row r (route r of token r // top_k, expert
+    ids[r], weight weights[r]) = fp16(fp16(gelu_tanh(g) * u) @ D_e^T * w *
+    d_s[e]), g = (x @ G_e^T) * s[e], u = (x @ U_e^T) * s[e], gate_up [E, 2I,
+    H] (rows: gate 0..I-1, up I..2I-1), down [E, H, I], the sums fp32.
+    `decode`: the 1D-load GEMVs (moe_decode_gemv.h:47-99 and :102-138): E4M3
+    with subnormals (fp8e4m3_dequant_fast), the up's K the whole chunks of
+    256 of H (VL=256, no tail: the rest of H left out), the down's K the
+    whole chunks of 256 of I then 32 more (VL=256, VL_TAIL=32: the rest of I
+    left out; fewer than 32 left past the chunks: the kernel reads past the
+    row, refused here), the sum times w then d_s. Else the DPAS kernels
+    (moe.sycl:458-558, :870-920): E4M3 with subnormals flushed
+    (fp8e4m3_to_half via fp8e4m3_block_to_vnni_nk), fp32 accumulators, the
+    whole of H and of I (both multiples of 16: the up's tiles and K steps,
+    the down's; else the C++ reads x or the intermediates past a row, or
+    leaves columns unwritten: refused here), the sum times (w * d_s)."""
+    t, h = x.size(0), x.size(1)
+    i = gu_w.size(1) // 2
+    top_k = len(ids) // t if t else 0
+    if decode:
+        kh = h // 256 * 256
+        ki = i // 256 * 256 + 32
+        _check(ki <= i, "the decode down kernel reads past a row (I % 256 < 32)")
+    else:
+        _check(i % 16 == 0, "the routed kernels need intermediate_size % 16 == 0")
+        _check(h % 16 == 0, "the routed kernels need hidden_size % 16 == 0")
+        kh, ki = h, i
+    _typed(gu_s, torch.float32)
+    _typed(d_s, torch.float32)
+    n_scales = max(ids, default=-1) + 1  # scale[eid] read for the ids given
+    gu_scale = _as(gu_s, torch.float32, n_scales)
+    d_scale = _as(d_s, torch.float32, n_scales)
+    xs = _as(x, torch.float16, t * h).view(t, h).float()
+    out = torch.empty(len(ids), h, dtype=torch.float16)
+    for r, e in enumerate(ids):
+        w_gu = _shared(gu_w, e, 2 * i * h).view(2 * i, h)
+        w_d = _shared(d_w, e, h * i).view(h, i)
+        if decode:
+            w_gu, w_d = fp8e4m3_dequant_fast(w_gu), fp8e4m3_dequant_fast(w_d)
+        else:
+            w_gu, w_d = (
+                fp8_to_half(w_gu, False).float(),
+                fp8_to_half(w_d, False).float(),
+            )
+        row = xs[r // top_k, :kh]
+        g = (row @ w_gu[:i, :kh].t()) * gu_scale[e]
+        u = (row @ w_gu[i:, :kh].t()) * gu_scale[e]
+        inter = (_gelu_tanh_2z(g) * u).half()
+        acc = inter[:ki].float() @ w_d[:, :ki].t()
+        w = weights[r].float()
+        if decode:
+            out[r] = (acc * w * d_scale[e]).half()
+        else:
+            out[r] = (acc * (w * d_scale[e])).half()
+    return out
+
+
+def _accumulate(rows: torch.Tensor, t: int, top_k: int) -> torch.Tensor:
+    """[T, H] fp16: each token's top_k rows summed in fp32
+    (moe_accumulate_kernel, moe.sycl:1177-1200: chunks of 64 columns; H not
+    a multiple of 64 leaves columns of the C++'s output unwritten: refused
+    here)."""
+    h = rows.size(1)
+    _check(h % 64 == 0, "moe_accumulate writes whole chunks of 64 (H % 64 != 0)")
+    total = torch.zeros(t, h, dtype=torch.float32)
+    view = rows.view(t, top_k, h)
+    for k in range(top_k):
+        total = total + view[:, k].float()
+    return total.half()
+
+
+def moe_forward_full_gelu_tanh(
+    x,
+    logits,
+    gate_up_weight,
+    gate_up_scale,
+    down_weight,
+    down_scale,
+    top_k,
+    n_routed_experts,
+):
+    """Gemma 4's routed MoE, routing inside (moe.sycl:2044-2091): `route`
+    (softmax, top_k, renormalized; logits read as fp16 [T,
+    n_routed_experts]), then the DPAS up (gelu_tanh(gate) * up) and down of
+    _gelu_tanh_rows (decode=False), the rows summed per token
+    (_accumulate). No per_expert_scale. Checks: x fp16 (:2049), the scales
+    fp32 (data_ptr<float>()). Returns [T, H] fp16 (the C++: a narrow of
+    one of a ring of 4 persistent buffers, :2088-2090)."""
+    _check(x.dtype == torch.float16, "Expected x.scalar_type() == torch::kHalf")
+    t = x.size(0)
+    ids, weights = route(logits, t, n_routed_experts, top_k)
+    rows = _gelu_tanh_rows(
+        x,
+        ids.reshape(-1).tolist(),
+        weights.reshape(-1),
+        gate_up_weight,
+        gate_up_scale,
+        down_weight,
+        down_scale,
+        decode=False,
+    )
+    return _accumulate(rows, t, top_k)
+
+
+def _routed(args, decode: bool, accumulate: bool = True) -> torch.Tensor:
+    """The three ops with routing given: checks, then _gelu_tanh_rows."""
+    (x, topk_weights, topk_indices, gu_w, gu_s, d_w, d_s, top_k, _) = args
+    _check(x.dtype == torch.float16, "Expected x.scalar_type() == torch::kHalf")
+    if decode:
+        _check(x.size(0) == 1, "decode kernel requires n_tokens==1")
+        _check(
+            topk_indices.dtype == torch.int32,
+            "Expected topk_indices.scalar_type() == torch::kInt32",
+        )
+        _check(
+            topk_weights.dtype == torch.float16,
+            "Expected topk_weights.scalar_type() == torch::kHalf",
+        )
+    else:
+        _check(
+            topk_weights.dtype == torch.float16, "topk_weights must be fp16 [T, top_k]"
+        )
+        _check(
+            topk_indices.dtype == torch.int32, "topk_indices must be int32 [T, top_k]"
+        )
+    t = x.size(0)
+    ids, weights = _routes(topk_weights, topk_indices, t * top_k, gu_w)
+    rows = _gelu_tanh_rows(x, ids, weights, gu_w, gu_s, d_w, d_s, decode)
+    return _accumulate(rows, t, top_k) if accumulate else rows
+
+
+def moe_forward_full_gelu_tanh_routed(
+    x,
+    topk_weights,
+    topk_indices,
+    gate_up_weight,
+    gate_up_scale,
+    down_weight,
+    down_scale,
+    top_k,
+    n_routed_experts,
+):
+    """moe_forward_full_gelu_tanh with the routing given (moe.sycl:2249-2294):
+    topk_weights fp16 and topk_indices int32, read flat (route r = token *
+    top_k + k; Gemma 4's routing function has folded per_expert_scale into
+    the weights); n_routed_experts unused (:2256). Checks: x fp16, the
+    weights fp16, the ids int32 (:2257-2261), the scales fp32. Returns [T,
+    H] fp16."""
+    return _routed(
+        (
+            x,
+            topk_weights,
+            topk_indices,
+            gate_up_weight,
+            gate_up_scale,
+            down_weight,
+            down_scale,
+            top_k,
+            n_routed_experts,
+        ),
+        decode=False,
+    )
+
+
+def moe_forward_full_gelu_tanh_routed_no_accum(
+    x,
+    topk_weights,
+    topk_indices,
+    gate_up_weight,
+    gate_up_scale,
+    down_weight,
+    down_scale,
+    top_k,
+    n_routed_experts,
+):
+    """moe_forward_full_gelu_tanh_routed without the sum (moe.sycl:2297-2335):
+    the per-route rows [T * top_k, H] fp16 (the C++: a narrow of its
+    persistent sg_routed_output, :2334)."""
+    return _routed(
+        (
+            x,
+            topk_weights,
+            topk_indices,
+            gate_up_weight,
+            gate_up_scale,
+            down_weight,
+            down_scale,
+            top_k,
+            n_routed_experts,
+        ),
+        decode=False,
+        accumulate=False,
+    )
+
+
+def moe_forward_full_gelu_tanh_routed_decode(
+    x,
+    topk_weights,
+    topk_indices,
+    gate_up_weight,
+    gate_up_scale,
+    down_weight,
+    down_scale,
+    top_k,
+    n_routed_experts,
+):
+    """moe_forward_full_gelu_tanh_routed at one token through the 1D-load
+    GEMVs (moe.sycl:2096-2166; _gelu_tanh_rows with decode=True: subnormal
+    weights read, H and I in chunks: only H % 256 == 0 and I % 256 == 32
+    compute the whole sums; Gemma 4: H 2816, I 1056 a card). Checks: x
+    fp16, x.size(0) == 1, the ids int32, the weights fp16 (:2102-2105), the
+    scales fp32. Returns [1, H] fp16."""
+    return _routed(
+        (
+            x,
+            topk_weights,
+            topk_indices,
+            gate_up_weight,
+            gate_up_scale,
+            down_weight,
+            down_scale,
+            top_k,
+            n_routed_experts,
+        ),
+        decode=True,
+    )
+
+
+def moe_forward_full_gelu_tanh_decode(
+    x,
+    logits,
+    gate_up_weight,
+    gate_up_scale,
+    down_weight,
+    down_scale,
+    per_expert_scale,
+    top_k,
+    n_routed_experts,
+):
+    """Gemma 4's MoE at one token, routing inside (moe.sycl:2172-2241):
+    `route` (norm=true: Gemma 4's 128 experts, top 8 take the V2 kernel:
+    fp32 softmax, top_k by descending weight, renormalized, fp16); each
+    weight times per_expert_scale[id] (fp32, rounded to fp16:
+    MoeFoldExpertScale, moe_decode_gemv.h:145-157); then the decode GEMVs
+    and the sum of moe_forward_full_gelu_tanh_routed_decode. Checks: x
+    fp16, x.size(0) == 1 (:2179-2180), per_expert_scale and the scales
+    fp32 (data_ptr<float>()). Returns [1, H] fp16 (a narrow of a ring
+    buffer, :2240)."""
+    _check(x.dtype == torch.float16, "Expected x.scalar_type() == torch::kHalf")
+    _check(x.size(0) == 1, "decode kernel requires n_tokens==1")
+    ids, weights = route(logits, 1, n_routed_experts, top_k)
+    _typed(per_expert_scale, torch.float32)
+    ids = ids.reshape(-1).tolist()
+    scale = _as(per_expert_scale, torch.float32, max(ids, default=-1) + 1)
+    folded = (weights.reshape(-1).float() * scale[ids]).half()
+    _check(
+        all(e < gate_up_weight.size(0) for e in ids),
+        "an expert id outside [0, gate_up_weight.size(0))",
+    )
+    args = (gate_up_weight, gate_up_scale, down_weight, down_scale)
+    rows = _gelu_tanh_rows(x, ids, folded, *args, decode=True)
+    return _accumulate(rows, 1, top_k)
