@@ -112,12 +112,27 @@ def cells(found: list[dict]) -> dict[str, dict[str, dict]]:
             }
             if c["result"] in (*report.ERRORS, report.TREE_LIMIT):
                 cell |= _kept(c)
+            numbers = (c.get("numbers") or {}).get("cells", [])
             raised = [
                 {"tokens": n["tokens"], "backend": n["backend"], "result": n["result"]}
                 | _kept(n)
-                for n in (c.get("numbers") or {}).get("cells", [])
+                for n in numbers
                 if n["result"] in (report.NUMBERS_RAISED, report.TREE_LIMIT)
             ]
+            # the custom ops the compiled graphs called (numbers.custom_ops),
+            # and the largest difference from eager relative to eager's
+            # largest value: which model reaches which op, and what it gave
+            ops = sorted({op for n in numbers for op in n.get("ops", [])})
+            if ops:
+                cell["ops"] = ops
+            compared = [
+                n["difference"] / n["largest"]
+                for n in numbers
+                if n.get("largest") and n.get("difference") is not None
+            ]
+            if compared:
+                worst = max(compared)
+                cell["worst"] = worst if worst != worst else round(worst, 6)
             if raised:
                 cell["raised"] = raised
             recorded.setdefault(model["model"], {})[c["configuration"]] = cell
@@ -313,16 +328,93 @@ def tree_table(name: str, stages: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reaching(stages: dict, op: str) -> dict[str, dict[str, float | None]]:
+    """model -> stage -> the worst relative difference of its configurations
+    whose compiled graphs call `op` (NaN the worst of all; None: reached,
+    no numbers)."""
+    seen: dict[str, dict[str, list[float]]] = {}
+    for stage, run in stages.items():
+        for model, configurations in run["cells"].items():
+            for cell in configurations.values():
+                if op in cell.get("ops", []):
+                    worst = cell.get("worst")
+                    found = seen.setdefault(model, {}).setdefault(stage, [])
+                    found += [] if worst is None else [worst]
+    return {
+        model: {stage: _worst(values) for stage, values in by_stage.items()}
+        for model, by_stage in seen.items()
+    }
+
+
+def _worst(values: list[float]) -> float | None:
+    if not values:
+        return None
+    nan = [v for v in values if v != v]
+    return nan[0] if nan else max(values)
+
+
+def _said_worst(worst: float | None) -> str:
+    if worst is None:
+        return "no numbers"
+    return "NaN" if worst != worst else f"{worst:.2%}"
+
+
+def routed_table(stages: dict, routed: dict[str, str]) -> str:
+    """For each kernel op the fix routes (kernel op -> the vLLM op that
+    runs it), the models whose compiled graphs call it unpatched (the
+    kernel op) or patched (the vLLM op), with the worst difference from
+    eager (relative to eager's largest value) in each."""
+    rows = [
+        "| op | models whose compiled graph calls it | unpatched | patched |",
+        "|---|---|---|---|",
+    ]
+    kept = any(
+        "ops" in cell
+        for run in stages.values()
+        for configurations in run["cells"].values()
+        for cell in configurations.values()
+    )
+    if not kept:  # a run recorded before the graphs' ops were kept
+        return "\n(not in this recorded run: record it again)\n"
+    for kernel, vllm_op in sorted(routed.items()):
+        before = {m: w.get("unpatched") for m, w in reaching(stages, kernel).items()}
+        after = {m: w.get("patched") for m, w in reaching(stages, vllm_op).items()}
+        models = sorted(set(before) | set(after))
+        said = ", ".join(f"`{m}`" for m in models) or "none of the catalog's"
+        unpatched = "; ".join(
+            f"{m} {_said_worst(before[m])}" for m in models if m in before
+        )
+        patched = "; ".join(
+            f"{m} {_said_worst(after[m])}" for m in models if m in after
+        )
+        rows.append(f"| `{kernel}` | {said} | {unpatched or '-'} | {patched or '-'} |")
+    return "\n" + "\n".join(rows) + "\n"
+
+
+def routed_ops() -> dict[str, str]:
+    """kernel op -> the vLLM op the fix runs it as (schema_contracts.toml)."""
+    import tomllib
+
+    contracts = tomllib.loads((paths.DATA / "schema_contracts.toml").read_text())
+    return {c["kernel_op"]: f"vllm::{c['op']}" for c in contracts.values()}
+
+
 def facts(recorded: dict) -> dict[str, str]:
-    """KEY -> the text of each `<!-- catalog:KEY -->` place."""
+    """KEY -> the text of each `<!-- catalog:KEY -->` place (`routed_<short
+    commit>`: routed_table of an llm-scaler tree's run)."""
     tables = "".join(
         tree_table(name, stages) for name, stages in recorded["trees"].items()
     )
-    return {
+    found = {
         "source": f"{recorded['date']}, commit {recorded['commit']}, "
         f"`{recorded['command']}`",
         "tables": tables,
     }
+    for name, stages in recorded["trees"].items():
+        image = re.match(r"llm-scaler (\w+),", name)
+        if image:
+            found[f"routed_{image.group(1)}"] = routed_table(stages, routed_ops())
+    return found
 
 
 def load(path: Path = RECORD) -> dict:
