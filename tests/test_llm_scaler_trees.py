@@ -351,6 +351,11 @@ def test_llm_scaler_tree_catalog(commit, tmp_path, record_property):
         # (b18beee's unpatched block-fp8 cells may lose the ESIMD GEMM's
         # writes: the lie the fix routes: docs/traced-path.md)
         expected = {"failed"} if ipex else {"traced", "writes lost"}
+        if not ipex and before[cell]["result"] == "failed":
+            # an image's kernel op without any fake, which the fix fakes
+            # (KERNEL_FAKES: b18beee's Gemma 4 MoE gather, issue 50)
+            assert NO_FAKE in before[cell].get("error", ""), (cell, before[cell])
+            continue
         assert before[cell]["result"] in expected, (cell, before[cell])
     traced = [cell for cell, r in after.items() if r["result"] == "traced"]
     assert traced, after
