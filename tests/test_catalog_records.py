@@ -206,38 +206,48 @@ def test_each_stage_is_keyed_as_its_tree_is(name):
         assert {"0a85564", "b18beee"} <= images, images
 
 
-def test_which_model_reaches_which_routed_op_is_kept_and_tabled():
-    """cells() keeps each configuration's custom ops (numbers.custom_ops of
-    its compiled graphs) and its worst difference from eager; routed_table
-    names, for each op the fix routes, the models whose graphs call it
-    unpatched (the kernel op) and patched (the vLLM op). Controls: a model
-    that calls another op is not named; NaN is the worst of all."""
+def test_which_model_reaches_which_routed_op_is_tabled():
+    """routed_table names, for each op the fix routes, the models whose
+    compiled graphs call it (numbers.custom_ops, kept in each numbers cell
+    of a `make audit MODEL=... --json` report) unpatched (the kernel op)
+    and patched (the vLLM op), with the worst difference from eager.
+    Controls: a model whose graphs call another op is not named; NaN is
+    the worst of all."""
     kernel, routed = "custom_esimd_kernels_vllm::esimd_rms_norm", "vllm::esimd_rms_norm"
 
-    def run(model, ops, differences):
+    def model(name, ops, differences):
         numbers = [
             {"tokens": 1, "backend": b, "result": report.NUMBERS_EQUAL}
             | {"difference": d, "largest": 2.0, "ops": ops}
             for b, d in zip(("aot_eager", "inductor"), differences, strict=True)
         ]
         return {
-            "model": model,
+            "model": name,
             "configurations": [
-                {"configuration": "default", "result": "traced", "graphs": 1}
-                | {"graph_breaks": 0, "numbers": {"cells": numbers}}
+                {"configuration": "default", "numbers": {"cells": numbers}}
             ],
         }
 
-    unpatched = catalog.cells(
-        [run("a", [kernel], [float("nan"), 0.0]), run("b", ["vllm::other"], [0.0, 0.0])]
+    raised = model("c", [], [0.0, 0.0])
+    raised["configurations"][0]["numbers"]["cells"][0] |= {
+        "result": report.NUMBERS_RAISED,
+        "message": "Unsupported: ... unsupported operator: "
+        "custom_esimd_kernels_vllm.esimd_rms_norm.default",
+    }
+    unpatched = [
+        model("a", [kernel], [float("nan"), 0.0]),
+        model("b", ["vllm::other"], [0.0, 0.0]),
+        raised,
+    ]
+    patched = [
+        model("a", [routed], [0.002, 0.004]),
+        model("b", ["vllm::other"], [0.0, 0.0]),
+    ]
+    table = catalog.routed_table(
+        unpatched, patched, {kernel: routed, "x::y": "vllm::y"}
     )
-    patched = catalog.cells(
-        [run("a", [routed], [0.002, 0.004]), run("b", ["vllm::other"], [0.0, 0.0])]
+    assert (
+        f"| `{kernel}` | `a`, `c` | a NaN; c compiling stops at it | a 0.20% |" in table
     )
-    assert patched["a"]["default"]["ops"] == [routed]
-    assert patched["a"]["default"]["worst"] == 0.002
-    stages = {"unpatched": {"cells": unpatched}, "patched": {"cells": patched}}
-    table = catalog.routed_table(stages, {kernel: routed, "x::y": "vllm::y"})
-    assert f"| `{kernel}` | `a` | a NaN | a 0.20% |" in table
-    assert "| `x::y` | none of the catalog's | - | - |" in table
+    assert "| `x::y` | none of these | - | - |" in table
     assert "`b`" not in table

@@ -119,20 +119,6 @@ def cells(found: list[dict]) -> dict[str, dict[str, dict]]:
                 for n in numbers
                 if n["result"] in (report.NUMBERS_RAISED, report.TREE_LIMIT)
             ]
-            # the custom ops the compiled graphs called (numbers.custom_ops),
-            # and the largest difference from eager relative to eager's
-            # largest value: which model reaches which op, and what it gave
-            ops = sorted({op for n in numbers for op in n.get("ops", [])})
-            if ops:
-                cell["ops"] = ops
-            compared = [
-                n["difference"] / n["largest"]
-                for n in numbers
-                if n.get("largest") and n.get("difference") is not None
-            ]
-            if compared:
-                worst = max(compared)
-                cell["worst"] = worst if worst != worst else round(worst, 6)
             if raised:
                 cell["raised"] = raised
             recorded.setdefault(model["model"], {})[c["configuration"]] = cell
@@ -328,27 +314,36 @@ def tree_table(name: str, stages: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reaching(stages: dict, op: str) -> dict[str, dict[str, float | None]]:
-    """model -> stage -> the worst relative difference of its configurations
-    whose compiled graphs call `op` (NaN the worst of all; None: reached,
-    no numbers)."""
-    seen: dict[str, dict[str, list[float]]] = {}
-    for stage, run in stages.items():
-        for model, configurations in run["cells"].items():
-            for cell in configurations.values():
-                if op in cell.get("ops", []):
-                    worst = cell.get("worst")
-                    found = seen.setdefault(model, {}).setdefault(stage, [])
-                    found += [] if worst is None else [worst]
-    return {
-        model: {stage: _worst(values) for stage, values in by_stage.items()}
-        for model, by_stage in seen.items()
-    }
+def reaching(models: list[dict], op: str) -> dict[str, float | None]:
+    """model -> the worst difference from eager (relative to eager's
+    largest value; NaN the worst of all; None: no numbers) of the numbers
+    cells whose compiled graph calls `op` (numbers.custom_ops), in a
+    `make audit MODEL=... --json` report's models."""
+    seen: dict[str, list[float]] = {}
+    for model in models:
+        for configuration in model["configurations"]:
+            for n in (configuration.get("numbers") or {}).get("cells", []):
+                # a compile that stopped at the op (no fake) names it
+                unsupported = f"unsupported operator: {op.replace('::', '.')}."
+                if unsupported in n.get("message", ""):
+                    seen.setdefault(model["model"], []).append(RAISED)
+                    continue
+                if op not in n.get("ops", []):
+                    continue
+                found = seen.setdefault(model["model"], [])
+                if n.get("largest") and n.get("difference") is not None:
+                    found.append(n["difference"] / n["largest"])
+    return {model: _worst(values) for model, values in seen.items()}
+
+
+RAISED = float("inf")  # compiling stopped at the op: worse than any number
 
 
 def _worst(values: list[float]) -> float | None:
     if not values:
         return None
+    if RAISED in values:
+        return RAISED
     nan = [v for v in values if v != v]
     return nan[0] if nan else max(values)
 
@@ -356,39 +351,28 @@ def _worst(values: list[float]) -> float | None:
 def _said_worst(worst: float | None) -> str:
     if worst is None:
         return "no numbers"
+    if worst == RAISED:
+        return "compiling stops at it"
     return "NaN" if worst != worst else f"{worst:.2%}"
 
 
-def routed_table(stages: dict, routed: dict[str, str]) -> str:
+def routed_table(unpatched: list[dict], patched: list[dict], routed: dict) -> str:
     """For each kernel op the fix routes (kernel op -> the vLLM op that
     runs it), the models whose compiled graphs call it unpatched (the
-    kernel op) or patched (the vLLM op), with the worst difference from
-    eager (relative to eager's largest value) in each."""
+    kernel op) or patched (the vLLM op), each with its worst difference
+    from eager: from two `make audit MODEL=... --json` reports' models."""
     rows = [
         "| op | models whose compiled graph calls it | unpatched | patched |",
         "|---|---|---|---|",
     ]
-    kept = any(
-        "ops" in cell
-        for run in stages.values()
-        for configurations in run["cells"].values()
-        for cell in configurations.values()
-    )
-    if not kept:  # a run recorded before the graphs' ops were kept
-        return "\n(not in this recorded run: record it again)\n"
     for kernel, vllm_op in sorted(routed.items()):
-        before = {m: w.get("unpatched") for m, w in reaching(stages, kernel).items()}
-        after = {m: w.get("patched") for m, w in reaching(stages, vllm_op).items()}
+        before, after = reaching(unpatched, kernel), reaching(patched, vllm_op)
         models = sorted(set(before) | set(after))
-        said = ", ".join(f"`{m}`" for m in models) or "none of the catalog's"
-        unpatched = "; ".join(
-            f"{m} {_said_worst(before[m])}" for m in models if m in before
-        )
-        patched = "; ".join(
-            f"{m} {_said_worst(after[m])}" for m in models if m in after
-        )
-        rows.append(f"| `{kernel}` | {said} | {unpatched or '-'} | {patched or '-'} |")
-    return "\n" + "\n".join(rows) + "\n"
+        said = ", ".join(f"`{m}`" for m in models) or "none of these"
+        was = "; ".join(f"{m} {_said_worst(before[m])}" for m in models if m in before)
+        now = "; ".join(f"{m} {_said_worst(after[m])}" for m in models if m in after)
+        rows.append(f"| `{kernel}` | {said} | {was or '-'} | {now or '-'} |")
+    return "\n".join(rows) + "\n"
 
 
 def routed_ops() -> dict[str, str]:
@@ -400,21 +384,15 @@ def routed_ops() -> dict[str, str]:
 
 
 def facts(recorded: dict) -> dict[str, str]:
-    """KEY -> the text of each `<!-- catalog:KEY -->` place (`routed_<short
-    commit>`: routed_table of an llm-scaler tree's run)."""
+    """KEY -> the text of each `<!-- catalog:KEY -->` place."""
     tables = "".join(
         tree_table(name, stages) for name, stages in recorded["trees"].items()
     )
-    found = {
+    return {
         "source": f"{recorded['date']}, commit {recorded['commit']}, "
         f"`{recorded['command']}`",
         "tables": tables,
     }
-    for name, stages in recorded["trees"].items():
-        image = re.match(r"llm-scaler (\w+),", name)
-        if image:
-            found[f"routed_{image.group(1)}"] = routed_table(stages, routed_ops())
-    return found
 
 
 def load(path: Path = RECORD) -> dict:
@@ -460,7 +438,20 @@ def main(argv: list[str]) -> int:
     record.add_argument("--command", required=True)
     record.add_argument("--run", choices=list(RUNS), default="catalog")
     sub.add_parser("write", help="write every run's tables from its recorded run")
+    routed = sub.add_parser(
+        "routed",
+        help="which model's compiled graphs call which op the fix routes, "
+        "from two `make audit MODEL=... ARGS=--json` reports",
+    )
+    routed.add_argument("unpatched", type=Path)
+    routed.add_argument("patched", type=Path)
     args = parser.parse_args(argv)
+    if args.verb == "routed":
+        reports = [
+            json.loads(p.read_text())["models"] for p in (args.unpatched, args.patched)
+        ]
+        print(routed_table(*reports, routed_ops()), end="")
+        return 0
     if args.verb == "record":
         run = RUNS[args.run]
         if not args.command.startswith(run.command):
