@@ -21,10 +21,9 @@ What the image would do, cell by cell (docs/traced-path.md):
   fix gives it (KERNEL_FAKES) and whose CPU reference is
   proof/xpu/esimd_moe_kernels.py.
 * Qwen3-Next with the image's fused MoE kernel off (DISABLE_ESIMD_MOE=1,
-  the image's switch): at one token the compiled run raises unpatched at
-  esimd_gemv_fp8_pert_fused2 (no fake), and after apply compiled = eager
-  through the image's other decode ops (the GDN layer's fused GEMV and
-  norms, the fused QKV split + norm + RoPE: CPU references).
+  the image's switch) is not staged here: its decode ops are
+  qwen3_next_fp8's own, and its own process cost a minute of a worker
+  (docs/traced-path.md has its cells, measured).
 * Gemma 4 dense traces whole on both stages; at one token, unpatched, its
   compiled forward differs from eager (NaN: the image's ESIMD decode ops
   whose schemas hide their writes, dropped by functionalization); after
@@ -39,8 +38,8 @@ What the image would do, cell by cell (docs/traced-path.md):
   experts computed on the CPU: moe_kernels.py, tests/test_moe_mxfp4.py;
   no ESIMD op on its bfloat16 path).
 
-Cost: four model processes (a stage's entries together, the one with
-own_process alone): 169 s on 2 cores (load ~1.4), the tree and
+Cost: two model processes (a stage's entries together); four, with the
+own_process entry, took 169 s on 2 cores (load ~1.4), the tree and
 transformers 5.8.0 cached."""
 
 from pathlib import Path
@@ -66,6 +65,11 @@ B31_ENTRIES = [
     for name, entry in models.load().items()
     if entry.applies_to.get("module") == "vllm.model_executor.layers.esimd_utils"
 ]
+# the entries the stages run: all but qwen3_next_fp8_fused_moe_off, whose
+# own process (DISABLE_ESIMD_MOE=1) costs a minute of a worker and whose
+# decode ops qwen3_next_fp8 now reaches too, at one token, compiled = eager
+# after apply (docs/traced-path.md keeps its measured table)
+STAGED = [name for name in B31_ENTRIES if name != "qwen3_next_fp8_fused_moe_off"]
 NO_FAKE = "Operator does not support running with fake tensors"
 
 
@@ -73,7 +77,7 @@ def _stage(root: Path) -> dict[str, dict]:
     kernels = audit.kernels_of(tree.locate(str(root)))
     found = runner.run_all(
         root,
-        B31_ENTRIES,
+        STAGED,
         kernels,
         "default",
         python=str(TREE_PYTHON),
@@ -143,21 +147,6 @@ def test_qwen3_next_decode_has_no_fake_before_apply_and_agrees_after(stages):
                 assert NO_FAKE in run["error"], (stage, run)
                 assert "esimd_gemv_fp8_pert_fused2" in _said(run), (stage, run)
             else:  # the fused MoE kernel, faked by the fix (KERNEL_FAKES)
-                assert run["result"] == modelproof.NUMBERS_EQUAL, (stage, run)
-                assert run["difference"] <= 0.02 * run["largest"], run
-
-
-def test_qwen3_next_without_the_fused_moe_agrees_after_apply(stages):
-    for stage, found in stages.items():
-        cell = found["qwen3_next_fp8_fused_moe_off"]
-        assert cell["result"] == "traced", (stage, cell)
-        assert (cell["graphs"], cell["graph_breaks"]) == (1, 0), (stage, cell)
-        for run in _one_token(cell):
-            if stage == "unpatched":
-                assert run["result"] == modelproof.NUMBERS_RAISED, (stage, run)
-                assert NO_FAKE in run["error"], run
-                assert "esimd_gemv_fp8_pert_fused2" in _said(run), run
-            else:
                 assert run["result"] == modelproof.NUMBERS_EQUAL, (stage, run)
                 assert run["difference"] <= 0.02 * run["largest"], run
 
