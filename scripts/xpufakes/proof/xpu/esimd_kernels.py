@@ -22,6 +22,12 @@ from collections.abc import Callable
 import torch
 
 from xpufakes.proof.xpu import esimd_moe_kernels
+from xpufakes.proof.xpu.esimd_moe_kernels import (  # shared with the MoE kernels
+    _bytes,
+    _check,
+    _silu,
+    _typed,
+)
 
 # where each kernel is (b18beee, vllm/custom-esimd-kernels-vllm/)
 SOURCES = {
@@ -51,11 +57,6 @@ SOURCES = {
     # 25095b4's MoE ops of Qwen3-Next and Gemma 4 at decode (esimd_moe_kernels.py)
     **esimd_moe_kernels.SOURCES,
 }
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise RuntimeError(message)  # as TORCH_CHECK raises (c10::Error)
 
 
 def dequant_block(weight, scale, block_n: int, block_k: int) -> torch.Tensor:
@@ -150,36 +151,10 @@ def fused_add_rms_norm(hidden_states, residual, weight, eps):
 # the int4 ops and fp32 scales of the fp8 ones are what the kernels read
 # (reinterpret_cast, unchecked unless the op's own check says so).
 
-# ScalarType names, as a failed data_ptr<T>() says them ("expected scalar
-# type Float but found Half", ATen's TensorBase::data_ptr<T>)
-_SCALAR_TYPE = {
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.int32: "Int",
-    torch.int64: "Long",
-    torch.uint8: "Byte",
-    torch.int8: "Char",
-    torch.float8_e4m3fn: "Float8_e4m3fn",
-    torch.float8_e5m2: "Float8_e5m2",
-}
-
-
-def _typed(tensor: torch.Tensor, dtype: torch.dtype) -> None:
-    """The check of the C++'s tensor.data_ptr<T>() (T: `dtype`)."""
-    want, got = _SCALAR_TYPE[dtype], _SCALAR_TYPE.get(tensor.dtype, tensor.dtype)
-    _check(tensor.dtype == dtype, f"expected scalar type {want} but found {got}")
-
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """The buffer as the kernel addresses it (data_ptr(), dense): a view."""
     return tensor.view(-1)
-
-
-def _bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The buffer's bytes (uint8_t* / int32_t* read byte by byte)."""
-    return tensor.reshape(-1).view(torch.uint8)
 
 
 def _e5m2(weight: torch.Tensor) -> bool:
@@ -237,11 +212,6 @@ def _int4(weight, scale, n: int, k: int) -> torch.Tensor:
     """fp32 [n, k]: (nibble - 8) * scale, in fp32 (exact: the GEMVs'
     `wf * gs` and `u * s + (-8 s)`)."""
     return (_nibbles(weight, n, k) - 8).float() * _group_scales(scale, n, k).float()
-
-
-def _silu(z: torch.Tensor) -> torch.Tensor:
-    """z / (1 + exp(-z)), the gated norms' gate (rms_norm_gated.h:52-53)."""
-    return z / (1.0 + torch.exp(-z))
 
 
 def _inv_rms(sum_sq: torch.Tensor, k: int, eps: float) -> torch.Tensor:

@@ -52,6 +52,9 @@ SOURCES = {
     ),
 }
 
+# ScalarType names, as a failed data_ptr<T>() says them ("expected scalar
+# type Float but found Half", ATen's TensorBase::data_ptr<T>); these
+# helpers serve esimd_kernels.py too
 _SCALAR_TYPE = {
     torch.float16: "Half",
     torch.bfloat16: "BFloat16",
@@ -124,6 +127,8 @@ def _half_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _silu(z: torch.Tensor) -> torch.Tensor:
+    """z / (1 + exp(-z)) (the MoE's activation, the gated norms' gate:
+    rms_norm_gated.h:52-53)."""
     return z / (1.0 + torch.exp(-z))
 
 
